@@ -1,0 +1,425 @@
+"""CPU backend: C++ kernels compiled into shared objects and called through ctypes."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import filelock
+import torch
+
+from .. import config
+from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
+from .base import Environment, os_description, torch_major_minor
+
+COMPILE_TIMEOUT_S = 120
+LOCK_TIMEOUT_S = 600
+MAX_DIAGNOSTICS = 4000
+
+compile_count = 0  # compiler invocations in this process (tests read it)
+
+# pointer base type -> tensor dtypes it accepts
+POINTER_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "float": (torch.float32,), "double": (torch.float64,),
+    "int8_t": (torch.int8,), "uint8_t": (torch.uint8, torch.bool), "bool": (torch.bool,),
+    "int16_t": (torch.int16,), "uint16_t": (torch.float16, torch.bfloat16),
+    "int32_t": (torch.int32,), "int": (torch.int32,),
+    "int64_t": (torch.int64,), "long": (torch.int64,), "long long": (torch.int64,),
+}
+# scalar type -> (ctypes type, is_integer, min, max)
+SCALAR_TYPES: dict[str, tuple[Any, bool, int, int]] = {
+    "float": (ctypes.c_float, False, 0, 0), "double": (ctypes.c_double, False, 0, 0),
+    "bool": (ctypes.c_bool, True, 0, 1),
+    "int": (ctypes.c_int32, True, -2**31, 2**31 - 1), "int32_t": (ctypes.c_int32, True, -2**31, 2**31 - 1),
+    "uint32_t": (ctypes.c_uint32, True, 0, 2**32 - 1),
+    "int64_t": (ctypes.c_int64, True, -2**63, 2**63 - 1), "long": (ctypes.c_int64, True, -2**63, 2**63 - 1),
+    "long long": (ctypes.c_int64, True, -2**63, 2**63 - 1),
+    "uint64_t": (ctypes.c_uint64, True, 0, 2**64 - 1), "size_t": (ctypes.c_size_t, True, 0, 2**64 - 1),
+}
+
+
+@dataclass(frozen=True)
+class CParam:
+    """One parameter of an extern "C" kernel."""
+
+    name: str
+    base_type: str
+    is_pointer: bool
+    is_const: bool
+
+    def __str__(self) -> str:
+        return f"{'const ' if self.is_const else ''}{self.base_type}{'*' if self.is_pointer else ''} {self.name}"
+
+
+# ---------------------------------------------------------------- parsing
+
+_TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_ATTRIBUTE = re.compile(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
+_HEADER = re.compile(r"^(?P<ret>[\w\s\*&:<>,]*?)\b(?P<name>[A-Za-z_]\w*)\s*\((?P<params>[^()]*)\)[\w\s]*$", re.S)
+_QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile", "signed"}
+
+
+def _clean(source: str) -> str:
+    """Drop comments, preprocessor lines and attributes; blank string and char literals."""
+    def repl(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok.startswith("/"):
+            return " " if tok.startswith("//") else " " + "\n" * tok.count("\n")
+        return '"C"' if tok == '"C"' else ('""' if tok[0] == '"' else "' '")
+    text = _TOKEN.sub(repl, source)
+    text = re.sub(r"^[ \t]*#.*?(?<!\\)$", "", text, flags=re.M | re.S)
+    return _ATTRIBUTE.sub(" ", text)
+
+
+def _match_brace(text: str, start: int) -> int:
+    """Index just past the '}' matching the '{' at START."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    raise CompileError("unbalanced braces in kernel source")
+
+
+def _declarations(block: str) -> list[str]:
+    """Top-level declarations of BLOCK: text before each ';' or '{...}' body."""
+    out, start, i = [], 0, 0
+    while i < len(block):
+        if block[i] == ";":
+            out.append(block[start:i]); start = i = i + 1
+        elif block[i] == "{":
+            out.append(block[start:i]); i = _match_brace(block, i)
+            start = i
+        else:
+            i += 1
+    return out
+
+
+def _parse_param(func: str, index: int, text: str) -> CParam:
+    tokens = re.findall(r"[A-Za-z_]\w*|\*|&|\[[^\]]*\]", text.replace("std::", ""))
+    words = [w for w in tokens if w not in _QUALIFIERS]
+    is_const = "const" in words
+    words = [w for w in words if w != "const"]
+    stars = sum(w == "*" or w.startswith("[") for w in words)
+    if "&" in words:
+        raise CompileError(f"kernel {func}: parameter {text.strip()!r}: references are not supported")
+    names = [w for w in words if w != "*" and not w.startswith("[")]
+    # the last identifier is the name unless the words alone form a known type
+    if len(names) > 1 and " ".join(names) not in SCALAR_TYPES:
+        name, base = names[-1], " ".join(names[:-1])
+    else:
+        name, base = f"arg{index}", " ".join(names)
+    base = {"unsigned": "uint32_t", "unsigned int": "uint32_t", "long int": "long",
+            "long long int": "long long"}.get(base, base)
+    ok = (stars == 1 and base in POINTER_DTYPES) or (stars == 0 and base in SCALAR_TYPES)
+    if not ok:
+        raise CompileError(
+            f"kernel {func}: parameter {index} {text.strip()!r} has an unsupported type; pointers may be to "
+            f"{', '.join(POINTER_DTYPES)}; scalars may be {', '.join(SCALAR_TYPES)}")
+    return CParam(name, base, stars == 1, is_const)
+
+
+def parse_extern_c(source: str) -> dict[str, list[CParam]]:
+    """The extern "C" functions of SOURCE with their parameters, in source order."""
+    text = _clean(source)
+    headers: list[str] = []
+    for m in re.finditer(r'\bextern\s*"C"\s*', text):
+        if text.startswith("{", m.end()):
+            end = _match_brace(text, m.end())
+            headers += _declarations(text[m.end() + 1:end - 1])
+        else:
+            stop = re.compile(r"[;{]").search(text, m.end())
+            headers.append(text[m.end():stop.start() if stop else len(text)])
+    funcs: dict[str, list[CParam]] = {}
+    for header in headers:
+        header = " ".join(header.split())
+        words = header.split(" ")
+        if "(" not in header or "=" in header.split("(")[0] or {"static", "typedef", "using", "inline"} & set(words):
+            continue  # variables, typedefs and internal helpers are not kernels
+        m = _HEADER.match(header)
+        if m is None:
+            raise CompileError(f"cannot parse extern \"C\" declaration {header!r}")
+        name, ret = m["name"], " ".join(m["ret"].replace("extern", "").split())
+        if ret != "void":
+            raise CompileError(f"kernel {name} returns {ret or '?'!r}; extern \"C\" kernels must return void "
+                               "and write results through non-const pointer parameters")
+        raw = m["params"].split(",") if m["params"].strip() not in ("", "void") else []
+        funcs.setdefault(name, [_parse_param(name, i, p) for i, p in enumerate(raw)])
+    return funcs
+
+
+# ---------------------------------------------------------------- binding
+
+def _pointer_converter(kernel: str, i: int, p: CParam) -> Callable[[Any], int]:
+    dtypes = POINTER_DTYPES[p.base_type]
+    first = dtypes[0]
+    tensor = torch.Tensor
+    where = f"kernel {kernel}, argument {i} ({p})"
+
+    def fail(x: Any) -> None:
+        if not isinstance(x, tensor):
+            raise KernelLaunchError(f"{where}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in dtypes:
+            raise KernelLaunchError(f"{where}: expected a tensor of dtype {' or '.join(map(str, dtypes))}, got {x.dtype}")
+        if not x.is_cpu:
+            raise KernelLaunchError(f"{where}: tensor is on {x.device}, the CPU backend needs CPU tensors")
+        raise KernelLaunchError(f"{where}: tensor is not contiguous; call .contiguous() first")
+
+    def convert(x: Any) -> int:
+        if isinstance(x, tensor) and (x.dtype is first or x.dtype in dtypes) and x.is_cpu and x.is_contiguous():
+            return x.data_ptr()
+        fail(x)
+        raise AssertionError  # unreachable
+
+    return convert
+
+
+def _scalar_converter(kernel: str, i: int, p: CParam) -> Callable[[Any], Any]:
+    _, integral, lo, hi = SCALAR_TYPES[p.base_type]
+    where = f"kernel {kernel}, argument {i} ({p})"
+
+    def slow(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.dim() != 0:
+                raise KernelLaunchError(f"{where}: expected a scalar or 0-dim tensor, got shape {tuple(x.shape)}")
+            x = x.item()
+        if integral:
+            if isinstance(x, float) or not hasattr(x, "__index__"):
+                raise KernelLaunchError(f"{where}: expected an integer, got {type(x).__name__} {x!r}")
+            v = int(x.__index__())
+            if not lo <= v <= hi:
+                raise KernelLaunchError(f"{where}: {v} is out of range for {p.base_type}")
+            return v
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            raise KernelLaunchError(f"{where}: expected a number, got {type(x).__name__}") from None
+
+    if integral:
+        return lambda x: x if type(x) is int and lo <= x <= hi else slow(x)
+    return lambda x: x if type(x) is float else slow(x)
+
+
+def _bind(kernel: str, fn: Any, params: list[CParam]) -> Callable[..., None]:
+    fn.argtypes = [ctypes.c_void_p if p.is_pointer else SCALAR_TYPES[p.base_type][0] for p in params]
+    fn.restype = None
+    convs = [(_pointer_converter if p.is_pointer else _scalar_converter)(kernel, i, p) for i, p in enumerate(params)]
+    arity = len(params)
+    signature = f"{kernel}({', '.join(map(str, params))})"
+
+    def launch(*args: Any, **launch_options: Any) -> None:
+        if launch_options:
+            raise KernelLaunchError(f"kernel {kernel}: launch options {sorted(launch_options)} are GPU-only; "
+                                    "CPU kernels take no keyword arguments (parallelise with OpenMP instead)")
+        if len(args) != arity:
+            raise KernelLaunchError(f"kernel {signature} takes {arity} arguments, got {len(args)}")
+        fn(*[c(a) for c, a in zip(convs, args)])
+
+    launch.__name__ = kernel
+    launch.__doc__ = signature
+    return launch
+
+
+class CpuLibrary:
+    """A loaded shared object; `lib.<kernel>(*args)` calls one extern "C" kernel."""
+
+    def __init__(self, path: Path, signatures: dict[str, list[CParam]], compiled_now: bool) -> None:
+        try:
+            self._dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+            fns = {name: getattr(self._dll, name) for name in signatures}
+        except (OSError, AttributeError) as e:
+            raise CompileError(f"cannot load compiled kernel library {path}: {e}") from e
+        self.path = path
+        self.signatures = signatures
+        self.compiled_now = compiled_now
+        self.kernel_names = tuple(signatures)
+        self._kernels = {n: _bind(n, fns[n], ps) for n, ps in signatures.items()}
+        for n, k in self._kernels.items():  # plain attribute lookup on the hot path
+            if n not in self.__dict__ and not hasattr(type(self), n):
+                self.__dict__[n] = k
+
+    def kernel(self, name: str) -> Callable[..., None]:
+        """The kernel NAME (also for names that clash with this class's attributes)."""
+        kernels = self.__dict__.get("_kernels", {})
+        if name not in kernels:
+            raise AttributeError(f"no kernel {name!r} in this library; available: {', '.join(kernels) or 'none'}")
+        return kernels[name]
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return self.kernel(name)
+
+    def __repr__(self) -> str:
+        return f"CpuLibrary({self.path.name}, kernels={self.kernel_names})"
+
+
+# ---------------------------------------------------------------- compiling
+
+def find_compiler() -> str | None:
+    """Path of the C++ compiler: $CXX, else c++, g++ or clang++ on PATH."""
+    override = os.environ.get("CXX")
+    if override:
+        return shutil.which(override)
+    return next((p for p in map(shutil.which, ("c++", "g++", "clang++")) if p), None)
+
+
+@functools.cache
+def _compiler_identity(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return f"{cxx} {out.splitlines()[0] if out else ''}"
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@functools.cache
+def cpu_name() -> str:
+    """Marketing name of this machine's CPU."""
+    if sys.platform == "darwin":
+        return _sysctl("machdep.cpu.brand_string") or platform.processor() or platform.machine()
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+@functools.cache
+def _cpu_identity() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    if sys.platform == "darwin":
+        return f"{cpu_name()} {platform.machine()} {_sysctl('machdep.cpu.features')}"
+    info = _cpuinfo()
+    return f"{cpu_name()} {platform.machine()} {info.get('flags') or info.get('Features', '')}"
+
+
+@functools.cache
+def _flags() -> tuple[str, ...]:
+    arch = "-mcpu=native" if sys.platform == "darwin" and platform.machine() == "arm64" else "-march=native"
+    flags = ["-O3", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}"]
+    if sys.platform != "darwin":
+        return tuple(flags + ["-fopenmp"])
+    for prefix in ("/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
+        if Path(prefix, "include", "omp.h").exists():
+            return tuple(flags + ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include", f"-L{prefix}/lib", "-lomp"])
+    return tuple(flags)
+
+
+def _include_digest() -> str:
+    h = hashlib.sha256()
+    for header in sorted(config.include_dir().glob("*.h")):
+        h.update(header.name.encode() + b"\0" + header.read_bytes())
+    return h.hexdigest()
+
+
+_loaded: dict[Path, CpuLibrary] = {}
+
+
+def clear_memory_cache() -> None:
+    """Forget libraries loaded in this process (the disk cache stays)."""
+    _loaded.clear()
+
+
+def _run_compiler(cxx: str, source: str, out: Path) -> None:
+    global compile_count
+    src = out.with_suffix(".cpp")
+    src.write_text(source)
+    fd, name = tempfile.mkstemp(dir=out.parent, prefix=out.stem + ".", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        compile_count += 1
+        proc = subprocess.run([cxx, *_flags(), str(src), "-o", str(tmp)], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if proc.returncode != 0:
+            log = (proc.stderr or proc.stdout).strip().replace(str(src), "kernel.cpp")
+            if len(log) > MAX_DIAGNOSTICS:
+                log = log[:MAX_DIAGNOSTICS] + f"\n... ({len(log) - MAX_DIAGNOSTICS} more characters)"
+            raise CompileError(f"C++ compilation failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
+        os.replace(tmp, out)
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"C++ compilation timed out after {COMPILE_TIMEOUT_S} s") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class CpuBackend:
+    """Kernels in C++ (OpenMP allowed), run on the host CPU."""
+
+    name: str = "cpu"
+    device_type: str = "cpu"
+    language: str = "c++"
+
+    def is_available(self) -> bool:
+        return find_compiler() is not None
+
+    def environment(self) -> Environment:
+        return _environment()
+
+    def synchronize(self) -> None:
+        pass
+
+    def compile(self, source: str) -> CpuLibrary:
+        """Compile SOURCE into build_dir()/cpu/<key>.so, or load it from there if already built."""
+        signatures = parse_extern_c(source)
+        if not signatures:
+            raise CompileError('no extern "C" kernel found; declare kernels as extern "C" void name(...)')
+        cxx = find_compiler()
+        # content key: everything the code depends on except the compiler
+        content = hashlib.sha256("\0".join([source, " ".join(_flags()), _cpu_identity(), _include_digest()])
+                                 .encode()).hexdigest()[:32]
+        directory = config.build_dir() / "cpu"
+        if cxx is None:
+            # no compiler: an existing build of this source by any compiler will do
+            built = sorted(directory.glob(f"{content}-*.so"), key=lambda p: p.stat().st_mtime)
+            if not built:
+                raise BackendUnavailableError("no C++ compiler found (set CXX or install g++/clang++)")
+            path = built[-1]
+        else:
+            tool = hashlib.sha256(_compiler_identity(cxx).encode()).hexdigest()[:16]
+            path = directory / f"{content}-{tool}.so"
+        if path in _loaded:
+            return _loaded[path]
+        compiled_now = False
+        if not path.exists():
+            assert cxx is not None
+            directory.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
+                if not path.exists():
+                    _run_compiler(cxx, source, path)
+                    compiled_now = True
+        lib = _loaded[path] = CpuLibrary(path, signatures, compiled_now)
+        return lib
+
+
+@functools.cache
+def _environment() -> Environment:
+    return Environment(backend="cpu", device_name=cpu_name(), os=os_description(), torch=torch_major_minor())

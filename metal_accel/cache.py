@@ -1,0 +1,216 @@
+"""Kernel caches: one writable user cache and read-only shipped caches.
+
+Layout: <root>/<backend>/<entry key>.json, one JSON document per (module, input spec, backend).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from filelock import FileLock
+
+from . import config
+from .backends.base import Environment
+from .candidate import Candidate
+from .errors import CacheError, MetalAccelError
+from .sandbox import check_host_code
+from .specs import InputSpec, OutputSpec
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Verdict:
+    """The outcome of proving one candidate in one environment, with the numbers behind it."""
+
+    env: Environment
+    accepted: bool
+    reason: str
+    candidate_digest: str = ""
+    speedup: float | None = None
+    eager_us: float | None = None
+    kernel_us: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    measured_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env": self.env.to_dict(), "accepted": self.accepted, "reason": self.reason,
+                "candidate_digest": self.candidate_digest, "speedup": self.speedup,
+                "eager_us": self.eager_us, "kernel_us": self.kernel_us, "details": self.details,
+                "measured_at": self.measured_at}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        return cls(env=Environment.from_dict(d["env"]), accepted=bool(d["accepted"]), reason=str(d["reason"]),
+                   candidate_digest=d.get("candidate_digest", ""), speedup=d.get("speedup"),
+                   eager_us=d.get("eager_us"), kernel_us=d.get("kernel_us"), details=d.get("details", {}),
+                   measured_at=float(d.get("measured_at", 0.0)))
+
+
+@dataclass
+class CacheEntry:
+    """Everything known about one (module, input spec, backend): the kernel and its verdicts."""
+
+    key: str
+    backend: str
+    module_class: str
+    module_fingerprint: str
+    input_spec: InputSpec
+    output_spec: OutputSpec | None
+    candidate: Candidate | None
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)   # env id -> verdict
+    rejected: list[dict[str, str]] = field(default_factory=list)  # {digest, origin, reason} of losers
+    origin: str = "user"  # which cache it was read from; not stored
+
+    def verdict_for(self, env: Environment) -> Verdict | None:
+        return self.verdicts.get(env.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        cand = None
+        if self.candidate is not None:
+            cand = {"code": self.candidate.code, "source": self.candidate.source,
+                    "backend": self.candidate.backend, "origin": self.candidate.origin,
+                    "digest": self.candidate.digest}
+        return {"format_version": FORMAT_VERSION, "key": self.key, "backend": self.backend,
+                "module_class": self.module_class, "module_fingerprint": self.module_fingerprint,
+                "input_spec": self.input_spec.to_dict(),
+                "output_spec": self.output_spec.to_dict() if self.output_spec else None,
+                "candidate": cand, "sandbox": self.sandbox,
+                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}, "rejected": self.rejected}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], origin: str = "user") -> "CacheEntry":
+        if d.get("format_version") != FORMAT_VERSION:
+            raise CacheError(f"unknown cache format version {d.get('format_version')!r}")
+        cand = None
+        if d.get("candidate"):
+            c = d["candidate"]
+            cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""))
+            if c.get("digest") and c["digest"] != cand.digest:
+                raise CacheError("candidate digest does not match its code")
+            check_host_code(cand.code)  # cached host code is untrusted data: check on every load
+            if cand.backend != d["backend"]:
+                raise CacheError("candidate backend differs from the entry's backend")
+        out = d.get("output_spec")
+        return cls(key=d["key"], backend=d["backend"], module_class=d["module_class"],
+                   module_fingerprint=d["module_fingerprint"], input_spec=InputSpec.from_dict(d["input_spec"]),
+                   output_spec=OutputSpec.from_dict(out) if out else None, candidate=cand,
+                   sandbox=d.get("sandbox", {}),
+                   verdicts={k: Verdict.from_dict(v) for k, v in d.get("verdicts", {}).items()},
+                   rejected=list(d.get("rejected", [])), origin=origin)
+
+
+def read_entry(path: Path, origin: str) -> CacheEntry | None:
+    """Load one entry file; a corrupt, tampered or foreign entry is skipped with a warning."""
+    try:
+        entry = CacheEntry.from_dict(json.loads(path.read_text()), origin=origin)
+    except FileNotFoundError:
+        return None
+    except (MetalAccelError, ValueError, KeyError, TypeError) as exc:
+        log.warning("metal_accel: skipping cache entry %s: %s", path, exc)
+        return None
+    if entry.key != path.stem:
+        log.warning("metal_accel: skipping cache entry %s: key does not match its file name", path)
+        return None
+    return entry
+
+
+class CacheDir:
+    """One cache directory. Writes (user cache only) are atomic and serialized by a file lock."""
+
+    def __init__(self, root: Path, *, writable: bool, name: str) -> None:
+        self.root = Path(root)
+        self.writable = writable
+        self.name = name
+
+    def path_for(self, backend: str, key: str) -> Path:
+        return self.root / backend / f"{key}.json"
+
+    def get(self, backend: str, key: str) -> CacheEntry | None:
+        return read_entry(self.path_for(backend, key), self.name)
+
+    def put(self, entry: CacheEntry) -> Path:
+        if not self.writable:
+            raise CacheError(f"cache {self.root} is read-only")
+        path = self.path_for(entry.backend, entry.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = json.dumps(entry.to_dict(), indent=1, sort_keys=True)
+        with FileLock(str(path) + ".lock", timeout=60):
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return path
+
+    def entries(self, backend: str | None = None) -> Iterator[CacheEntry]:
+        dirs = [self.root / backend] if backend else sorted(p for p in self.root.glob("*") if p.is_dir())
+        for d in dirs:
+            if d.name == "build":
+                continue
+            for path in sorted(d.glob("*.json")):
+                entry = read_entry(path, self.name)
+                if entry is not None:
+                    yield entry
+
+    def clear(self) -> int:
+        """Delete every entry (and compiled artifacts) of a writable cache; returns entries removed."""
+        if not self.writable:
+            raise CacheError(f"cache {self.root} is read-only")
+        removed = 0
+        for path in self.root.glob("*/*.json"):
+            path.unlink(missing_ok=True)
+            removed += 1
+        for path in self.root.glob("*/*.lock"):
+            path.unlink(missing_ok=True)
+        return removed
+
+
+_loaded: list[Path] = []
+
+
+def load_cache(path: str | os.PathLike) -> None:
+    """Add a read-only kernel cache (e.g. one shipped with an app) to the lookup path."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CacheError(f"no cache directory at {p}")
+    if p not in _loaded:
+        _loaded.append(p)
+
+
+def user_cache() -> CacheDir:
+    return CacheDir(config.user_cache_dir(), writable=True, name="user")
+
+
+def read_only_caches() -> list[CacheDir]:
+    """Loaded caches, then METAL_ACCEL_CACHE_PATH, then the cache shipped with the package."""
+    caches = [CacheDir(p, writable=False, name=f"loaded:{p}") for p in _loaded]
+    caches += [CacheDir(p, writable=False, name=f"env:{p}") for p in config.extra_cache_paths()]
+    caches.append(CacheDir(config.shipped_cache_dir(), writable=False, name="shipped"))
+    return caches
+
+
+def all_caches() -> list[CacheDir]:
+    return [user_cache(), *read_only_caches()]
+
+
+def lookup(backend: str, key: str) -> CacheEntry | None:
+    """The first entry for `key` in lookup order: the user cache, then the read-only caches."""
+    for cache in all_caches():
+        entry = cache.get(backend, key)
+        if entry is not None:
+            return entry
+    return None

@@ -1,0 +1,116 @@
+"""Capture: run the example inputs with forward hooks and record every module call."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .specs import InputSpec, OutputSpec, UnsupportedCall, call_signature
+
+MAX_COMPOSITE_MODULES = 8  # a composite with more descendants than this is not a kernel candidate
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+@dataclass
+class ModuleCall:
+    """One (module, input spec) seen during capture, with the example tensors of its first call."""
+
+    name: str
+    module: nn.Module
+    spec: InputSpec | None
+    output_spec: OutputSpec | None
+    args: tuple
+    kwargs: dict[str, Any]
+    calls: int = 0
+    eager_s: float = 0.0           # inclusive wall time summed over calls
+    unsupported: str = ""          # why it cannot get a kernel, if it cannot
+    children: list[str] = field(default_factory=list)
+
+    @property
+    def replaceable(self) -> bool:
+        return not self.unsupported
+
+
+def replaceability(module: nn.Module) -> str:
+    """'' when the module may get a kernel, else the reason it may not."""
+    if isinstance(module, _CONTAINERS):
+        return "container module"
+    n_desc = sum(1 for _ in module.modules()) - 1
+    if n_desc > MAX_COMPOSITE_MODULES:
+        return f"composite of {n_desc} modules (limit {MAX_COMPOSITE_MODULES})"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "module has its own forward hooks"
+    return ""
+
+
+def _detach_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return value
+
+
+def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None, *,
+            warmup: int = 1, runs: int = 2, sync: Callable[[], None] = lambda: None) -> list[ModuleCall]:
+    """Run `model(*args, **kwargs)` with hooks; return the calls, hottest (inclusive time) first."""
+    kwargs = kwargs or {}
+    names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+    reasons = {id(m): replaceability(m) for m in model.modules()}  # before our own hooks exist
+    records: dict[tuple, ModuleCall] = {}
+    stack: list[tuple[int, tuple, dict, float]] = []
+    recording = False
+
+    def pre_hook(module: nn.Module, m_args: tuple, m_kwargs: dict) -> None:
+        sync()
+        stack.append((id(module), m_args, m_kwargs, time.perf_counter()))
+
+    def post_hook(module: nn.Module, m_args: tuple, m_kwargs: dict, out: Any) -> None:
+        sync()
+        mid, a, kw, t0 = stack.pop()
+        elapsed = time.perf_counter() - t0
+        if not recording:
+            return
+        try:
+            sig = (mid, call_signature(a, kw))
+        except TypeError:
+            sig = (mid, id(a))
+        rec = records.get(sig)
+        if rec is None:
+            rec = _new_record(names.get(mid, type(module).__name__), module, reasons.get(mid, ""), a, kw, out)
+            records[sig] = rec
+        rec.calls += 1
+        rec.eager_s += elapsed
+
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        handles.append(module.register_forward_hook(post_hook, with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            for _ in range(warmup):
+                model(*args, **kwargs)
+            recording = True
+            for _ in range(runs):
+                model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    calls = sorted(records.values(), key=lambda r: r.eager_s, reverse=True)
+    by_module = {id(r.module): r.name for r in calls}
+    for r in calls:
+        r.children = [by_module[id(c)] for c in r.module.modules() if c is not r.module and id(c) in by_module]
+    return calls
+
+
+def _new_record(name: str, module: nn.Module, reason: str, args: tuple, kwargs: dict, out: Any) -> ModuleCall:
+    spec = output_spec = None
+    try:
+        spec = InputSpec.of(args, kwargs)
+        output_spec = OutputSpec.of(out)
+    except UnsupportedCall as exc:
+        reason = reason or str(exc)
+    return ModuleCall(name=name, module=module, spec=spec, output_spec=output_spec,
+                      args=tuple(_detach_copy(a) for a in args),
+                      kwargs={k: _detach_copy(v) for k, v in kwargs.items()}, unsupported=reason)

@@ -1,0 +1,87 @@
+"""Cache keys: module fingerprint + input spec + backend."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import sys
+import types
+from typing import Any
+
+from torch import nn
+
+from .specs import InputSpec, UnsupportedCall, dtype_name
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    return isinstance(value, (tuple, list)) and all(_plain(v) for v in value)
+
+
+def class_source(cls: type) -> str:
+    """Source of the module class's methods and of the module-level functions its methods call.
+
+    Raises UnsupportedCall when the source is not available (built-in or dynamically created classes).
+    """
+    try:
+        parts = [inspect.getsource(cls)]
+    except (OSError, TypeError) as exc:
+        raise UnsupportedCall(f"no source for {class_path(cls)}: {exc}") from None
+    module_globals = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (nn.Module, object):
+            break
+        for attr in vars(klass).values():
+            code = getattr(attr, "__code__", None)
+            if not isinstance(code, types.CodeType):
+                continue
+            for name in code.co_names:
+                fn = module_globals.get(name)
+                if name in seen or not isinstance(fn, types.FunctionType) or fn.__module__ != cls.__module__:
+                    continue
+                seen.add(name)
+                try:
+                    parts.append(inspect.getsource(fn))
+                except (OSError, TypeError):
+                    parts.append(f"<no source: {name}>")
+        if klass is not cls and klass.__module__ != "torch.nn.modules.module":
+            try:
+                parts.append(inspect.getsource(klass))
+            except (OSError, TypeError):
+                pass
+    return "\n".join(parts)
+
+
+def module_config(module: nn.Module) -> dict[str, Any]:
+    """The module's own non-tensor attributes (public, plain values), `training` included."""
+    return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _plain(v)}
+
+
+def module_fingerprint(module: nn.Module) -> str:
+    """sha256 of class path, class source, config, parameter/buffer specs and children's fingerprints."""
+    cls = type(module)
+    tensors = [[name, list(t.shape), dtype_name(t.dtype)]
+               for name, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
+    children = [[name, module_fingerprint(child)] for name, child in module.named_children()]
+    blob = {
+        "class": class_path(cls),
+        "source": hashlib.sha256(class_source(cls).encode()).hexdigest(),
+        "config": json.loads(json.dumps(module_config(module), default=repr)),
+        "tensors": tensors,
+        "children": children,
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def entry_key(fingerprint: str, spec: InputSpec, backend: str) -> str:
+    """The cache key of one (module, input spec, backend)."""
+    return hashlib.sha256(f"{fingerprint}\0{spec.key}\0{backend}".encode()).hexdigest()[:32]
+

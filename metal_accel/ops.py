@@ -1,0 +1,115 @@
+"""Accepted kernels as torch custom ops: metal_accel::k_<key>_<digest>(Tensor[] args, Tensor[] state)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .keys import module_config
+from .specs import InputSpec, OutputSpec, TensorSpec
+
+_LIB = torch.library.Library("metal_accel", "FRAGMENT")
+_OPS: dict[str, "KernelOp"] = {}
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
+
+StateRef = tuple[nn.Module, str, str]  # (submodule, "_parameters" or "_buffers", name)
+
+
+class ModuleView:
+    """What host code sees as `module`: the module's tensors, plain config and children; no methods."""
+
+    def __init__(self, attrs: dict[str, Any]) -> None:
+        self.__dict__.update(attrs)
+
+    def __repr__(self) -> str:
+        return f"ModuleView({', '.join(sorted(self.__dict__))})"
+
+
+class ModuleLayout:
+    """Where a module's parameters and buffers live, and its static config, per submodule path."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.paths: list[str] = []
+        self.static: dict[str, dict[str, Any]] = {}
+        self.tensor_slots: list[tuple[str, str]] = []  # (path, attribute) per state tensor
+        refs: list[StateRef] = []
+        for path, sub in module.named_modules(remove_duplicate=False):
+            self.paths.append(path)
+            self.static[path] = module_config(sub)
+            for store in ("_parameters", "_buffers"):
+                for name, t in getattr(sub, store).items():
+                    if t is not None:
+                        refs.append((sub, store, name))
+                        self.tensor_slots.append((path, name))
+        self.refs = refs
+
+    def gather(self) -> list[torch.Tensor]:
+        """The module's current state tensors (re-read every call, so reassigned weights are seen)."""
+        return [getattr(sub, store)[name] for sub, store, name in self.refs]
+
+    def view(self, state: list[torch.Tensor]) -> ModuleView:
+        attrs: dict[str, dict[str, Any]] = {p: dict(a) for p, a in self.static.items()}
+        for (path, name), t in zip(self.tensor_slots, state):
+            attrs[path][name] = t
+        views = {path: ModuleView(attrs[path]) for path in self.paths}
+        for path in self.paths:
+            if path:
+                parent, _, leaf = path.rpartition(".")
+                setattr(views[parent], leaf, views[path])
+        return views[""]
+
+
+class KernelOp:
+    """One installed kernel: a registered custom op specialized on one input spec."""
+
+    def __init__(self, name: str, host_forward: Callable[..., Any], spec: InputSpec, output_spec: OutputSpec,
+                 layout: ModuleLayout, device_type: str) -> None:
+        self.name = name
+        self.spec = spec
+        self.output_spec = output_spec
+        self._host = host_forward
+        self._layout = layout
+        self._positional = [(isinstance(s, TensorSpec), getattr(s, "value", None)) for s in spec.args]
+        self._keywords = [(k, isinstance(s, TensorSpec), getattr(s, "value", None)) for k, s in spec.kwargs]
+        self._view_key: tuple[int, ...] = ()
+        self._view: ModuleView | None = None
+        _LIB.define(f"{name}(Tensor[] args, Tensor[] state) -> Tensor[]")
+        _LIB.impl(name, self._impl, _DISPATCH_KEYS[device_type])
+        torch.library.register_fake(f"metal_accel::{name}", self._fake, lib=_LIB)
+        self.op = getattr(torch.ops.metal_accel, name).default
+
+    def _module_view(self, state: list[torch.Tensor]) -> ModuleView:
+        # The view holds the state tensors, so their ids cannot be reused while it is cached.
+        key = tuple(map(id, state))
+        if key != self._view_key or self._view is None:
+            self._view, self._view_key = self._layout.view(state), key
+        return self._view
+
+    def _impl(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
+        it = iter(tensors)
+        args = [next(it) if is_t else value for is_t, value in self._positional]
+        kwargs = {k: next(it) if is_t else value for k, is_t, value in self._keywords}
+        out = self._host(self._module_view(state), *args, **kwargs)
+        return [out] if isinstance(out, torch.Tensor) else list(out)
+
+    def _fake(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
+        like = tensors[0] if tensors else state[0]
+        return [like.new_empty(t.shape, dtype=t.torch_dtype) for t in self.output_spec.tensors]
+
+    def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if kwargs:
+            tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
+        outs = self.op(tensors, state)
+        return outs[0] if self.output_spec.single else tuple(outs)
+
+
+def kernel_op(entry_key: str, digest: str, make_host: Callable[[], Callable[..., Any]], spec: InputSpec,
+              output_spec: OutputSpec, module: nn.Module, device_type: str) -> KernelOp:
+    """The custom op for (entry, candidate), registered once per process and shared by equal modules."""
+    name = f"k_{entry_key[:16]}_{digest[:8]}"
+    op = _OPS.get(name)
+    if op is None:
+        op = _OPS[name] = KernelOp(name, make_host(), spec, output_spec, ModuleLayout(module), device_type)
+    return op

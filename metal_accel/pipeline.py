@@ -1,0 +1,256 @@
+"""The pipeline for one captured call: key -> cache -> candidates -> prove -> store -> install."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from . import cache as cache_mod
+from .backends.base import Backend, Environment
+from .bench import DEFAULT_MARGIN, BenchResult, compare_speed
+from .cache import CacheEntry, Verdict
+from .candidate import Candidate, parse_candidate
+from .capture import ModuleCall
+from .dispatch import Dispatcher, dispatcher_of, eager_only, install
+from .errors import MetalAccelError
+from .keys import class_path, entry_key, module_fingerprint
+from .ops import KernelOp, kernel_op
+from .report import ModuleReport
+from .sandbox import check_host_code, load_forward
+from .specs import UnsupportedCall
+from .synth.base import CandidateProvider, SynthesisRequest
+from .testdata import make_inputs
+from .validate import validate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Evaluation:
+    """The proof of one candidate on this device: its verdict and, if accepted, its op."""
+
+    candidate: Candidate
+    verdict: Verdict
+    op: KernelOp | None = None
+    bench: BenchResult | None = None
+
+
+@dataclass
+class Pipeline:
+    backend: Backend
+    providers: Sequence[CandidateProvider] = ()
+    margin: float = DEFAULT_MARGIN
+    strict: bool = False
+    bench_budget_s: float = 1.0
+    installed: set[int] = field(default_factory=set)  # ids of modules that run a kernel
+    _parents: dict[int, list[nn.Module]] = field(default_factory=dict)
+
+    @property
+    def env(self) -> Environment:
+        return self.backend.environment()
+
+    def process(self, call: ModuleCall) -> ModuleReport:
+        """Decide one captured call; never raises unless strict."""
+        rep = ModuleReport(call.name, class_path(type(call.module)),
+                           call.spec.describe() if call.spec else "?", "eager", "", calls=call.calls,
+                           eager_us=call.eager_s / max(call.calls, 1) * 1e6)
+        try:
+            self._process(call, rep)
+        except Exception as exc:
+            if self.strict:
+                raise
+            log.warning("metal_accel: %s (%s) stays eager after an internal error: %s", call.name,
+                        rep.module_class, exc, exc_info=True)
+            rep.status, rep.reason = "eager", f"internal error: {type(exc).__name__}: {exc}"
+        return rep
+
+    def _process(self, call: ModuleCall, rep: ModuleReport) -> None:
+        if not call.replaceable:
+            rep.reason = call.unsupported
+            return
+        covering = [a for a in self._ancestors(call) if id(a) in self.installed]
+        if covering:
+            rep.reason = "inside a module that already runs a kernel"
+            return
+        try:
+            fingerprint = module_fingerprint(call.module)
+        except UnsupportedCall as exc:
+            rep.reason = str(exc)
+            return
+        assert call.spec is not None and call.output_spec is not None
+        key = entry_key(fingerprint, call.spec, self.backend.name)
+        rep.key = key
+        entry = cache_mod.lookup(self.backend.name, key)
+        user = cache_mod.user_cache()
+        if entry is not None and entry.candidate is not None:
+            verdict = entry.verdict_for(self.env)
+            if verdict is not None and verdict.accepted and verdict.candidate_digest == entry.candidate.digest:
+                self._install(call, key, entry.candidate)
+                self._accept(rep, call, verdict, f"cache:{entry.origin}")
+                return
+            if verdict is None:  # proven elsewhere (or shipped): prove it again here, once
+                ev = self.evaluate(call, key, entry.candidate)
+                entry.verdicts[self.env.id] = ev.verdict
+                if not ev.verdict.accepted:
+                    entry.rejected.append(_rejection(ev))
+                user.put(entry)
+                if ev.verdict.accepted:
+                    self._install(call, key, entry.candidate, ev.op)
+                    self._accept(rep, call, ev.verdict, f"cache:{entry.origin} (re-validated here)")
+                    return
+                rep.rejected.append(f"{entry.candidate.origin}: {ev.verdict.reason}")
+            elif not verdict.accepted:
+                rep.rejected.append(f"{entry.candidate.origin}: {verdict.reason}")
+        tried = {r.get("digest") for r in (entry.rejected if entry else [])}
+        request = SynthesisRequest(call.module, class_path(type(call.module)), type(call.module).__name__,
+                                   fingerprint, call.spec, call.output_spec, self.backend.name,
+                                   self.backend.language, eager_us=rep.eager_us or 0.0)
+        evaluations = [self.evaluate(call, key, c) for c in self._proposals(request, rep, tried)]
+        if not evaluations and entry is not None:
+            rep.reason = f"cached verdict: {entry.verdict_for(self.env).reason}" if entry.verdict_for(self.env) \
+                else "no kernel for this module and input spec"
+            if rep.rejected:
+                rep.reason = "cached candidate rejected here: " + rep.rejected[-1]
+            return
+        if not evaluations:
+            rep.reason = "no kernel in the caches and no provider candidate" if not rep.rejected else \
+                "no candidate passed: " + rep.rejected[-1]
+            return
+        winners = sorted((e for e in evaluations if e.verdict.accepted), key=lambda e: -(e.verdict.speedup or 0))
+        losers = [e for e in evaluations if not e.verdict.accepted]
+        rep.rejected += [f"{e.candidate.origin}: {e.verdict.reason}" for e in losers]
+        new = CacheEntry(key=key, backend=self.backend.name, module_class=rep.module_class,
+                         module_fingerprint=fingerprint, input_spec=call.spec, output_spec=call.output_spec,
+                         candidate=winners[0].candidate if winners else None,
+                         sandbox={"ok": True} if winners else {},
+                         rejected=(entry.rejected if entry else []) + [_rejection(e) for e in losers])
+        if winners:
+            new.verdicts[self.env.id] = winners[0].verdict
+        else:
+            best = max(losers, key=lambda e: e.verdict.speedup or 0)
+            new.verdicts[self.env.id] = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
+                                                best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
+        user.put(new)
+        if winners:
+            self._install(call, key, winners[0].candidate, winners[0].op)
+            self._accept(rep, call, winners[0].verdict, winners[0].candidate.origin)
+        else:
+            rep.reason = f"all {len(losers)} candidates rejected; best: {new.verdicts[self.env.id].reason}"
+
+    def _proposals(self, request: SynthesisRequest, rep: ModuleReport, tried: set[Any]) -> list[Candidate]:
+        out = []
+        for provider in self.providers:
+            for proposal in provider.propose(request):
+                try:
+                    cand = parse_candidate(proposal.text, self.backend.name, proposal.origin)
+                except MetalAccelError as exc:
+                    rep.rejected.append(f"{proposal.origin}: malformed candidate: {exc}")
+                    continue
+                if cand.digest not in tried:
+                    out.append(cand)
+        return out
+
+    def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
+        """Sandbox, compile, validate and benchmark one candidate on this device."""
+        env = self.env
+
+        def reject(reason: str, bench: BenchResult | None = None) -> Evaluation:
+            log.info("metal_accel: %s: rejected %s: %s", call.name, cand.origin, reason)
+            v = Verdict(env, False, reason, cand.digest,
+                        bench.speedup if bench else None, bench.eager_us if bench else None,
+                        bench.kernel_us if bench else None, {"bench": bench.to_dict()} if bench else {})
+            return Evaluation(cand, v, bench=bench)
+
+        try:
+            check_host_code(cand.code)
+        except MetalAccelError as exc:
+            return reject(f"sandbox: {exc}")
+        try:
+            lib = self.backend.compile(cand.source)
+        except MetalAccelError as exc:
+            return reject(f"compile error: {exc}")
+        module = call.module
+        disp = dispatcher_of(module)
+        original = disp.original if disp else module.forward
+        layout = disp.layout if disp else Dispatcher(module, original).layout
+        poisoned = load_forward(cand.code, kernels_only(lib), poison=True)
+
+        def candidate_fn(*args: Any, **kwargs: Any) -> Any:
+            return poisoned(layout.view(layout.gather()), *args, **kwargs)
+
+        assert call.spec is not None and call.output_spec is not None
+        device = _device_of(call)
+        with torch.inference_mode(), eager_only():
+            result = validate(original, candidate_fn, call.spec, device=device, state=layout.gather())
+        if not result.ok:
+            return reject(f"incorrect: {result.reason}")
+        op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec, call.output_spec,
+                       module, self.backend.device_type)
+        probe = Dispatcher(module, original, strict=True)
+        probe.honor_bypass = False
+        probe.add(call.spec.signature(), op)
+        gen = torch.Generator().manual_seed(torch.seed() % (2**62))
+        inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(4)]
+        try:
+            with torch.inference_mode(), eager_only():
+                bench = compare_speed(original, probe, inputs, self.backend.synchronize, margin=self.margin,
+                                      budget_s=self.bench_budget_s)
+        except Exception as exc:
+            return reject(f"failed while timed: {type(exc).__name__}: {exc}")
+        if not bench.accepted:
+            return reject(bench.reason, bench)
+        details = {"bench": bench.to_dict(), "validation": {"trials": result.trials,
+                   "max_abs_err": result.max_abs_err, "max_norm_err": result.max_norm_err}}
+        v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
+        log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
+        return Evaluation(cand, v, op, bench)
+
+    def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | None = None) -> None:
+        assert call.spec is not None and call.output_spec is not None
+        if op is None:
+            lib = self.backend.compile(cand.source)
+            op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec, call.output_spec,
+                           call.module, self.backend.device_type)
+        install(call.module, call.spec.signature(), op, strict=self.strict)
+        self.installed.add(id(call.module))
+
+    @staticmethod
+    def _accept(rep: ModuleReport, call: ModuleCall, verdict: Verdict, source: str) -> None:
+        rep.status, rep.source, rep.reason = "kernel", source, verdict.reason
+        rep.speedup, rep.kernel_us = verdict.speedup, verdict.kernel_us
+        if verdict.eager_us is not None:
+            rep.eager_us = verdict.eager_us
+
+    def _ancestors(self, call: ModuleCall) -> list[nn.Module]:
+        return self._parents.get(id(call.module), [])
+
+    def set_model(self, model: nn.Module) -> None:
+        """Index each module's ancestors in `model` (a kernel on an ancestor covers its calls)."""
+        self._parents = {}
+        def walk(m: nn.Module, chain: list[nn.Module]) -> None:
+            for child in m.children():
+                self._parents.setdefault(id(child), []).extend(chain + [m])
+                walk(child, chain + [m])
+        walk(model, [])
+
+
+def kernels_only(lib: Any) -> SimpleNamespace:
+    """What host code sees as `lib`: the compiled kernels and nothing else of the library object."""
+    return SimpleNamespace(**{name: getattr(lib, name) for name in lib.kernel_names})
+
+
+def _rejection(ev: Evaluation) -> dict[str, str]:
+    return {"digest": ev.candidate.digest, "origin": ev.candidate.origin, "reason": ev.verdict.reason}
+
+
+def _device_of(call: ModuleCall) -> torch.device:
+    for t in (*call.args, *call.kwargs.values()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    for p in call.module.parameters():
+        return p.device
+    return torch.device("cpu")

@@ -1,0 +1,57 @@
+"""What optimize() decided for every captured module, and why."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModuleReport:
+    name: str
+    module_class: str
+    spec: str
+    status: str                 # "kernel" or "eager"
+    reason: str
+    key: str = ""
+    source: str = ""            # where the kernel came from: "cache:user", "cache:shipped", "dir:..."
+    calls: int = 0
+    eager_us: float | None = None
+    kernel_us: float | None = None
+    speedup: float | None = None
+    rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class OptimizeReport:
+    backend: str
+    device: str
+    modules: list[ModuleReport] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def kernels(self) -> list[ModuleReport]:
+        return [m for m in self.modules if m.status == "kernel"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
+                "modules": [m.to_dict() for m in self.modules]}
+
+    def table(self, width: int = 60) -> str:
+        """A plain-text table: module, input spec, kernel or eager with the reason, speedup."""
+        rows = [("module", "class", "input", "runs", "speedup", "why")]
+        for m in self.modules:
+            speed = f"{m.speedup:.2f}x" if m.speedup is not None else "-"
+            why = m.reason if len(m.reason) <= width else m.reason[: width - 3] + "..."
+            rows.append((m.name, m.module_class.rsplit(".", 1)[-1], m.spec, m.status, speed, why))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels)} of {len(self.modules)} "
+                f"module calls run kernels; decided in {self.elapsed_s:.1f} s")
+        return head + "\n" + "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()

@@ -1,0 +1,52 @@
+"""Fresh test inputs drawn from an InputSpec: new tensors every trial, never the example tensors."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .specs import InputSpec, ScalarSpec, TensorSpec
+
+DISTRIBUTIONS = ("normal", "uniform", "large", "small")
+
+
+def _storage_numel(spec: TensorSpec) -> int:
+    if any(s == 0 for s in spec.shape):
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(spec.shape, spec.stride))
+
+
+def _fill(n: int, dtype: torch.dtype, spec: TensorSpec, dist: str, gen: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(n, generator=gen) < 0.5
+    if not dtype.is_floating_point:
+        lo, hi = spec.value_range if spec.value_range else (0, 16)
+        return torch.randint(lo, hi + 1, (n,), generator=gen, dtype=torch.int64).to(dtype)
+    if dist == "uniform":
+        base = torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1
+    else:
+        base = torch.randn(n, generator=gen, dtype=torch.float64)
+    scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
+    if dtype in (torch.float16, torch.bfloat16):
+        scale = min(scale, 16.0)
+    return (base * scale).to(dtype)
+
+
+def make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """A new tensor with the spec's shape, dtype and strides, values from `dist`."""
+    dtype = spec.torch_dtype
+    n = _storage_numel(spec)
+    flat = _fill(n, dtype, spec, dist, gen).to(device)
+    if spec.contiguous:
+        return flat.view(spec.shape) if n else torch.empty(spec.shape, dtype=dtype, device=device)
+    return flat.as_strided(spec.shape, spec.stride)
+
+
+def make_inputs(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.device | str
+                ) -> tuple[tuple, dict[str, Any]]:
+    """Positional and keyword arguments matching `spec`, tensors freshly drawn."""
+    def one(s: TensorSpec | ScalarSpec) -> Any:
+        if isinstance(s, TensorSpec):
+            return make_tensor(s, dist, gen, device)
+        return s.value
+    return tuple(one(a) for a in spec.args), {k: one(s) for k, s in spec.kwargs}

@@ -1,0 +1,33 @@
+"""Hardware detection and cache isolation shared by every test."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+HAS_CXX = any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+HAS_MPS = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = {
+        "mps": (HAS_MPS, "needs an Apple GPU (PyTorch MPS)"),
+        "cuda": (HAS_CUDA, "needs an NVIDIA GPU"),
+        "needs_cxx": (HAS_CXX, "needs a C++ compiler"),
+    }
+    for item in items:
+        for marker, (present, why) in skips.items():
+            if marker in item.keywords and not present:
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Every test gets its own user cache; the real one is never touched."""
+    path = tmp_path_factory.mktemp("user_cache")
+    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(path))
+    monkeypatch.delenv("METAL_ACCEL_CACHE_PATH", raising=False)
+    monkeypatch.delenv("METAL_ACCEL_DISABLE", raising=False)
+    return path

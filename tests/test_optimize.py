@@ -1,0 +1,187 @@
+"""optimize() end to end on the CPU: install, fall back with reasons, restore, cache across processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel import cache as cache_mod
+
+from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Net
+
+pytestmark = pytest.mark.needs_cxx
+HERE = Path(__file__).parent
+
+
+def candidates(tmp_path: Path, **files: str) -> str:
+    folder = tmp_path / "cands" / "cpu" / "Chain"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / f"{name}.py").write_text(text)
+    return f"dir:{tmp_path / 'cands'}"
+
+
+def run(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(x)
+
+
+def chain_report(model: torch.nn.Module) -> metal_accel.ModuleReport:
+    return next(m for m in metal_accel.explain(model).modules if m.name == "chain")
+
+
+def test_correct_kernel_is_installed_and_matches_eager(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    ref = run(model, x)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    rep = chain_report(model)
+    assert rep.status == "kernel", rep
+    assert rep.speedup is not None and rep.speedup >= 1.05
+    assert "forward" in model.chain.__dict__
+    x2 = torch.randn(4, 256)
+    with torch.inference_mode():
+        got = model(x2)
+    disp = model.chain.__dict__["forward"]
+    assert disp.hits >= 1
+    torch.testing.assert_close(got, model.proj(model.chain.__class__.forward(model.chain, x2)))
+    torch.testing.assert_close(run(model, x), ref)
+
+
+def test_other_shape_runs_eager(tmp_path):
+    model = Net().eval()
+    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidates(tmp_path, good=GOOD)])
+    disp = model.chain.__dict__["forward"]
+    x = torch.randn(3, 256)
+    with torch.inference_mode():
+        got = model(x)
+    assert disp.misses == 1 and disp.hits == 0
+    torch.testing.assert_close(got, metal_accel.restore(model)(x))
+
+
+@pytest.mark.parametrize("name, text, why", [
+    ("wrong", WRONG, "incorrect"),
+    ("unwritten", UNWRITTEN_TAIL, "NaN positions differ"),
+    ("slow", SLOW, "not faster"),
+    ("nocompile", NO_COMPILE, "compile error"),
+    ("raises", RAISES, "candidate raised"),
+    ("escape", SANDBOX_ESCAPE, "sandbox"),
+])
+def test_bad_kernel_falls_back_with_reason(tmp_path, name, text, why):
+    model, x = Net().eval(), torch.randn(4, 256)
+    ref = run(model, x)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, **{name: text})])
+    rep = chain_report(model)
+    assert rep.status == "eager"
+    assert any(why in r for r in rep.rejected), rep.rejected
+    assert why in rep.reason
+    assert "forward" not in model.chain.__dict__
+    torch.testing.assert_close(run(model, x), ref, rtol=0, atol=0)
+    entry = cache_mod.user_cache().get("cpu", rep.key)
+    assert entry is not None and entry.candidate is None
+    assert why in json.dumps(entry.to_dict())
+
+
+def test_best_of_several_candidates_wins(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, a_wrong=WRONG, b_good=GOOD, c_slow=SLOW)])
+    rep = chain_report(model)
+    assert rep.status == "kernel" and rep.source.endswith("b_good.py")
+    assert len(rep.rejected) == 2
+
+
+def test_kernel_failing_at_run_time_falls_back(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    disp = model.chain.__dict__["forward"]
+    disp.table = {sig: _Raising() for sig in disp.table}  # the kernel now fails like a lost device
+    ref = Net().eval()
+    ref.load_state_dict(model.state_dict())
+    got = run(model, x)
+    torch.testing.assert_close(got, run(ref, x))
+    assert disp.table == {} and "device lost" in next(iter(disp.failures.values()))
+    assert metal_accel.explain(model).modules  # explain still works
+    rep = chain_report(model)
+    assert rep.status == "eager" and "failed at run time" in rep.reason
+
+
+class _Raising:
+    name = "k_raising"
+
+    def __call__(self, args, kwargs, state):
+        raise RuntimeError("device lost")
+
+
+def test_strict_mode_raises_at_run_time(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)], strict=True)
+    disp = model.chain.__dict__["forward"]
+    disp.table = {sig: _Raising() for sig in disp.table}
+    with pytest.raises(RuntimeError, match="device lost"):
+        run(model, x)
+
+
+def test_restore_puts_eager_back(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    assert "forward" in model.chain.__dict__
+    assert metal_accel.restore(model) is model
+    assert "forward" not in model.chain.__dict__
+    with pytest.raises(metal_accel.MetalAccelError):
+        metal_accel.explain(model)
+
+
+def test_grad_mode_runs_eager(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    out = model(x)  # grad enabled and parameters require grad: the kernel has no backward
+    assert out.grad_fn is not None
+    assert model.chain.__dict__["forward"].hits == 0
+
+
+def test_second_process_reads_the_cache(tmp_path, isolated_user_cache):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    assert chain_report(model).status == "kernel"
+    script = (
+        "import sys, torch, metal_accel\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "from toymodels import Net\n"
+        "m = Net().eval(); x = torch.randn(4, 256)\n"
+        "metal_accel.optimize(m, (x,))\n"
+        "r = [r for r in metal_accel.explain(m).modules if r.name == 'chain'][0]\n"
+        "print(r.status, r.source)\n"
+        "with torch.inference_mode(): y = m(x)\n"
+        "print(m.chain.__dict__['forward'].hits)\n"
+        "from metal_accel.backends import cpu\n"
+        "print(cpu.compile_count)\n"
+    )
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    status, source, hits, compiles = out.stdout.split()
+    assert (status, source, hits) == ("kernel", "cache:user", "1")
+    assert compiles == "0"  # the compiled library was reused from the on-disk build cache
+
+
+def test_cached_rejection_is_not_retried(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    provider = candidates(tmp_path, wrong=WRONG)
+    metal_accel.optimize(model, (x,), providers=[provider])
+    metal_accel.optimize(model, (x,), providers=[provider])
+    rep = chain_report(model)
+    assert rep.status == "eager" and "incorrect" in rep.reason
+    assert rep.rejected == []  # nothing new was evaluated the second time
+
+
+def test_disabled_by_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("METAL_ACCEL_DISABLE", "1")
+    model = Net().eval()
+    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidates(tmp_path, good=GOOD)])
+    assert "forward" not in model.chain.__dict__
+    assert metal_accel.explain(model).modules == []

@@ -1,0 +1,71 @@
+"""Small modules with known eager behaviour, and candidate kernels for them, used across tests."""
+import torch
+from torch import nn
+
+
+class Chain(nn.Module):
+    """A dozen elementwise ops: eager pays a dispatch per op, a fused kernel pays one."""
+
+    def __init__(self, n: int = 256) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, n))
+        self.shift = 0.125
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.scale
+        y = y + self.shift
+        y = torch.relu(y)
+        y = y * 0.5
+        y = y - x
+        y = y * y
+        y = y + 1.0
+        y = torch.sqrt(y)
+        y = y * x
+        y = y - 0.25
+        y = torch.abs(y)
+        return y + x
+
+
+class Net(nn.Module):
+    def __init__(self, n: int = 256) -> None:
+        super().__init__()
+        self.chain = Chain(n)
+        self.proj = nn.Linear(n, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.chain(x))
+
+
+_CHAIN_BODY = """
+      float v = x[r * n + i];
+      float y = v * s[i] + shift;
+      y = y > 0.0f ? y : 0.0f;
+      y = y * 0.5f - v;
+      y = std::sqrt(y * y + 1.0f) * v - 0.25f;
+      out[r * n + i] = std::fabs(y) + v;"""
+
+CHAIN_HOST = '''
+def forward(module, x):
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)
+    return out
+'''
+
+
+def chain_candidate(body: str = _CHAIN_BODY, extra: str = "") -> str:
+    """A Chain candidate whose per-element body is `body`."""
+    return ('SOURCE = r"""\n#include <cstdint>\n#include <cmath>\n'
+            'extern "C" void chain(const float* x, const float* s, float* out, int64_t rows, int64_t n, float shift) {\n'
+            f'  for (int64_t r = 0; r < rows; ++r) {{\n{extra}'
+            '    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {' + body + "\n    }\n  }\n}\n\"\"\"\n" + CHAIN_HOST)
+
+
+GOOD = chain_candidate()
+WRONG = chain_candidate(_CHAIN_BODY.replace("+ v;", "+ 1.001f * v;"))
+UNWRITTEN_TAIL = chain_candidate(_CHAIN_BODY.replace("out[r * n + i] =", "if (i + 1 < n) out[r * n + i] ="))
+SLOW = chain_candidate(extra="    for (volatile int spin = 0; spin < 20000; ++spin) {}\n")
+NO_COMPILE = chain_candidate(_CHAIN_BODY.replace("float v", "flot v"))
+RAISES = GOOD.replace("lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)",
+                      "lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n)")
+SANDBOX_ESCAPE = GOOD.replace("out = torch.empty_like(x)", "out = torch.load('weights.pt')")
