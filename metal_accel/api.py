@@ -17,7 +17,7 @@ from .capture import capture
 from .dispatch import dispatcher_of, uninstall
 from .errors import MetalAccelError
 from .pipeline import Pipeline
-from .report import ModuleReport, OptimizeReport
+from .report import OptimizeReport
 from .synth.base import CandidateProvider
 from .synth.directory import provider_from_spec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn

@@ -27,7 +27,7 @@ FUNCS = {
 KERNEL = '#include "ma_vecmath.h"\nextern "C" {\n' + "".join(
     f"void v_{name}(const float* x, float* y, long n) {{\n"
     f"  #pragma omp simd\n  for (long i = 0; i < n; ++i) y[i] = {fn}(x[i]);\n}}\n"
-    for name, (fn, _, _) in FUNCS.items()
+    for name, (fn, _, _) in [*FUNCS.items(), ("gelu", ("ma_geluf", None, None))]
 ) + "}\n"
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
@@ -85,8 +85,10 @@ def test_accuracy_dense(lib, name):
     sub = torch.isfinite(ref.float()) & ~normal
     if sub.any():
         assert ((got[sub].double() - ref[sub]).abs() <= 4 * 2.0 ** -149).all()
-    # and close to torch's own float32 result everywhere
-    torch.testing.assert_close(got, ref_fn(x), rtol=4e-7, atol=1e-37, equal_nan=True)
+    # and close to torch's own float32 result (where that is not flushed to zero)
+    ours = ref_fn(x)
+    keep = ~torch.isfinite(ours) | (ours.abs() >= 2.0 ** -126)
+    torch.testing.assert_close(got[keep], ours[keep], rtol=4e-7, atol=0.0, equal_nan=True)
 
 
 SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 1e-45, -1e-45, 1e30, -1e30,
@@ -109,6 +111,14 @@ def test_special_values(lib, name):
     # signs of zeros and infinities are exact
     same_sign = torch.signbit(got[fin]) == torch.signbit(ref[fin])
     assert same_sign[(ref[fin] == 0) | torch.isinf(ref[fin])].all(), (x, got, ref)
+
+
+def test_gelu_matches_torch(lib):
+    """gelu = 0.5 x (1 + erf(x / sqrt2)): like torch's, its relative error grows where 1 + erf cancels."""
+    x = torch.cat([torch.linspace(-12.0, 12.0, 200_001), torch.tensor([math.inf, -math.inf, math.nan])])
+    got = apply(lib, "gelu", x)
+    ref = torch.nn.functional.gelu(x.double()).float()
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
 def test_exp_saturation_and_torch_silu_nan():

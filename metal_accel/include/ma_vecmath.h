@@ -6,9 +6,9 @@
  *
  *   ma_expf      exp(x)                 max error ~1 ulp; exp(-inf)=0, exp(+inf)=inf, exp(nan)=nan;
  *                                       overflows to inf above ~88.72, subnormal results rounded
- *                                       correctly from the polynomial, 0 below ~-103.97.
- *   ma_sigmoidf  1 / (1 + exp(-x))      (same formula as torch.sigmoid), few ulp
- *   ma_siluf     x / (1 + exp(-x))      (same formula as torch's silu), few ulp
+ *                                       once from the polynomial, 0 below ~-103.97.
+ *   ma_sigmoidf  1 / (1 + exp(-x))      few ulp (also for tiny results, unlike the naive formula)
+ *   ma_siluf     x / (1 + exp(-x))      few ulp; silu(-inf) = NaN as in torch
  *   ma_tanhf     tanh(x)                few ulp; saturates to +-1, tanh(+-0)=+-0
  *   ma_erff      erf(x)                 few ulp; saturates to +-1
  *   ma_geluf     0.5 x (1 + erf(x/sqrt2)) (torch's default gelu)
@@ -42,14 +42,14 @@ static inline float ma_with_sign(float x, float s) {
     return ma_bits_to_float(ma_float_to_bits(x) | (ma_float_to_bits(s) & (int32_t)0x80000000));
 }
 
-/* exp(x) = ma_exp_split(x, &s) * s. x is clamped to [-104, 89] (NaN passes through: comparisons
+/* exp(x) = ma_exp_split(x, &s) * s. x is clamped to [-150, 89] (NaN passes through: comparisons
  * with NaN are false), then x = n ln2 + r, |r| <= ln2/2, exp(r) by the Cephes polynomial, and 2^n
  * applied as two normal factors 2^(n - n/2) (returned) and 2^(n/2) (in *scale): the returned part
  * is normal, so callers may multiply by something else before the final scaling and keep full
  * precision on results that are normal although exp(x) itself is subnormal. */
 static inline float ma_exp_split(float x, float* scale) {
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer (ties to even) */
-    float xc = x < -104.0f ? -104.0f : x;
+    float xc = x < -150.0f ? -150.0f : x;
     xc = xc > 89.0f ? 89.0f : xc;
     float t = xc * 1.44269504088896341f + magic;
     float n = t - magic;
@@ -64,7 +64,7 @@ static inline float ma_exp_split(float x, float* scale) {
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
     int32_t n1 = ni >> 1; /* arithmetic shift: floor(n/2) */
-    int32_t n2 = ni - n1; /* n in [-150, 128] -> n1, n2 in [-75, 64]: both 2^n1, 2^n2 normal */
+    int32_t n2 = ni - n1; /* n in [-217, 128] -> n1, n2 in [-109, 64]: 2^n1, 2^n2 normal */
     *scale = ma_bits_to_float((n1 + 127) << 23);
     return p * ma_bits_to_float((n2 + 127) << 23);
 }
@@ -85,13 +85,14 @@ static inline float ma_sigmoidf(float x) {
 }
 
 /* silu(x) = x sigmoid(x), same evaluation as ma_sigmoidf; for x < 0 the numerator x e is scaled
- * last (see ma_exp_split), so results stay accurate down to the smallest normal float. Once exp
- * underflows the numerator is x * 0: -0, and NaN for x = -inf, as in torch. */
+ * last (see ma_exp_split), so results stay accurate down to the subnormals. silu(-inf) is NaN,
+ * as in torch (x / (1 + exp(-x)) = -inf / inf). */
 static inline float ma_siluf(float x) {
     float s;
     float m = ma_exp_split(-ma_absf(x), &s);
     float e = m * s;
-    float num = x >= 0.0f ? x : (e == 0.0f ? x * e : (x * m) * s);
+    float num = x >= 0.0f ? x : (x * m) * s;
+    num = x < -150.0f ? x * e : num; /* exp clamped, e == 0: -0, or NaN at -inf */
     return num / (1.0f + e);
 }
 
