@@ -81,7 +81,7 @@ extern "C" void mlp_swiglu(const float* x, const float* wg, const float* wu, con
         alignas(64) float g[256], u[256];
         const int n0 = b * 8, nr = H - n0 < 8 ? H - n0 : 8;
         const float* P = X + (size_t)p * 32 * C;
-        tile_n(P, wg + (size_t)n0 * C, C, K_ARG(C), nr, g);
+        tile_n(P, wg + (size_t)n0 * C, C, C, nr, g);
         tile_n(P, wu + (size_t)n0 * C, C, C, nr, u);
         float* dst = Hd + (size_t)p * 32 * H + (size_t)n0 * 32;
         #pragma omp simd
