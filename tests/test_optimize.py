@@ -185,3 +185,22 @@ def test_disabled_by_environment(tmp_path, monkeypatch):
     metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidates(tmp_path, good=GOOD)])
     assert "forward" not in model.chain.__dict__
     assert metal_accel.explain(model).modules == []
+
+
+def test_installed_kernel_is_a_custom_op_that_passes_opcheck(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    disp = model.chain.__dict__["forward"]
+    op = next(iter(disp.table.values()))
+    assert str(op.op).startswith("metal_accel.k_")
+    state = [t.detach() for t in disp.layout.gather()]
+    result = torch.library.opcheck(op.op, ([torch.randn(4, 256)], state))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_optimized_model_under_torch_compile(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    with torch.no_grad():
+        compiled = torch.compile(model)
+        torch.testing.assert_close(compiled(x), model(x))
