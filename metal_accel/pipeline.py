@@ -22,7 +22,7 @@ from .ops import KernelOp, kernel_op
 from .report import ModuleReport
 from .sandbox import check_host_code, load_forward
 from .specs import UnsupportedCall
-from .synth.base import CandidateProvider, SynthesisRequest
+from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 from .testdata import make_inputs
 from .validate import validate
 
@@ -30,19 +30,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Evaluation:
-    """The proof of one candidate on this device: its verdict and, if accepted, its op."""
-
-    candidate: Candidate
-    verdict: Verdict
-    op: KernelOp | None = None
-    bench: BenchResult | None = None
-
-
-@dataclass
 class Pipeline:
     backend: Backend
-    providers: Sequence[CandidateProvider] = ()
+    providers: Sequence[Provider] = ()
     margin: float = DEFAULT_MARGIN
     strict: bool = False
     bench_budget_s: float = 1.0
@@ -109,7 +99,7 @@ class Pipeline:
         request = SynthesisRequest(call.module, class_path(type(call.module)), type(call.module).__name__,
                                    fingerprint, call.spec, call.output_spec, self.backend.name,
                                    self.backend.language, eager_us=rep.eager_us or 0.0)
-        evaluations = [self.evaluate(call, key, c) for c in self._proposals(request, rep, tried)]
+        evaluations = self._collect(call, key, request, rep, tried)
         if not evaluations and entry is not None:
             rep.reason = f"cached verdict: {entry.verdict_for(self.env).reason}" if entry.verdict_for(self.env) \
                 else "no kernel for this module and input spec"
@@ -141,17 +131,28 @@ class Pipeline:
         else:
             rep.reason = f"all {len(losers)} candidates rejected; best: {new.verdicts[self.env.id].reason}"
 
-    def _proposals(self, request: SynthesisRequest, rep: ModuleReport, tried: set[Any]) -> list[Candidate]:
-        out = []
+    def _collect(self, call: ModuleCall, key: str, request: SynthesisRequest, rep: ModuleReport,
+                 tried: set[Any]) -> list[Evaluation]:
+        """Evaluate every provider's candidates; interactive providers get each verdict back."""
+        evaluations: list[Evaluation] = []
         for provider in self.providers:
-            for proposal in provider.propose(request):
-                try:
-                    cand = parse_candidate(proposal.text, self.backend.name, proposal.origin)
-                except MetalAccelError as exc:
-                    rep.rejected.append(f"{proposal.origin}: malformed candidate: {exc}")
-                    continue
-                if cand.digest not in tried:
-                    out.append(cand)
+            if isinstance(provider, InteractiveProvider):
+                evaluations += provider.synthesize(request, lambda cand: self.evaluate(call, key, cand))
+            else:
+                evaluations += [self.evaluate(call, key, c) for c in self._proposals(provider, request, rep, tried)]
+        return evaluations
+
+    def _proposals(self, provider: Provider, request: SynthesisRequest, rep: ModuleReport,
+                   tried: set[Any]) -> list[Candidate]:
+        out = []
+        for proposal in provider.propose(request):
+            try:
+                cand = parse_candidate(proposal.text, self.backend.name, proposal.origin)
+            except MetalAccelError as exc:
+                rep.rejected.append(f"{proposal.origin}: malformed candidate: {exc}")
+                continue
+            if cand.digest not in tried:
+                out.append(cand)
         return out
 
     def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from torch import nn
 
+from ..candidate import Candidate
 from ..specs import InputSpec, OutputSpec
+
+if TYPE_CHECKING:
+    from ..bench import BenchResult
+    from ..cache import Verdict
+    from ..ops import KernelOp
 
 
 @dataclass
@@ -33,10 +39,36 @@ class ProposedText:
     origin: str
 
 
+@dataclass
+class Evaluation:
+    """The proof of one candidate on this device: its verdict (reason = feedback) and, if accepted, its op."""
+
+    candidate: Candidate
+    verdict: "Verdict"
+    op: "KernelOp | None" = None
+    bench: "BenchResult | None" = None
+
+
+Evaluate = Callable[[Candidate], Evaluation]
+
+
 @runtime_checkable
 class CandidateProvider(Protocol):
-    """Anything that proposes candidates for a module: a directory of files, an LLM, ..."""
+    """Proposes candidates up front: a directory of files, a fixed list."""
 
     name: str
 
     def propose(self, request: SynthesisRequest) -> list[ProposedText]: ...
+
+
+@runtime_checkable
+class InteractiveProvider(Protocol):
+    """Iterates with feedback (an LLM with repair rounds): it calls `evaluate` on each candidate it
+    writes and reads the verdict's reason; it returns every evaluation it made."""
+
+    name: str
+
+    def synthesize(self, request: SynthesisRequest, evaluate: Evaluate) -> list[Evaluation]: ...
+
+
+Provider = Any  # CandidateProvider | InteractiveProvider
