@@ -20,6 +20,7 @@ from .backends.base import Environment
 from .candidate import Candidate
 from .errors import CacheError, MetalAccelError
 from .sandbox import check_host_code
+from .source_check import LANGUAGE_OF_BACKEND, check_kernel_source
 from .specs import InputSpec, OutputSpec
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ class CacheEntry:
             cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""))
             if c.get("digest") and c["digest"] != cand.digest:
                 raise CacheError("candidate digest does not match its code")
-            check_host_code(cand.code)  # cached host code is untrusted data: check on every load
+            check_host_code(cand.code)  # cached code is untrusted data: check it on every load
+            check_kernel_source(cand.source, LANGUAGE_OF_BACKEND.get(d["backend"], ""))
             if cand.backend != d["backend"]:
                 raise CacheError("candidate backend differs from the entry's backend")
         out = d.get("output_spec")

@@ -21,6 +21,7 @@ from .keys import class_path, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
 from .report import ModuleReport
 from .sandbox import check_host_code, load_forward
+from .source_check import check_kernel_source
 from .specs import UnsupportedCall
 from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 from .testdata import make_inputs
@@ -170,6 +171,10 @@ class Pipeline:
             check_host_code(cand.code)
         except MetalAccelError as exc:
             return reject(f"sandbox: {exc}")
+        try:
+            check_kernel_source(cand.source, self.backend.language)
+        except MetalAccelError as exc:
+            return reject(f"source check: {exc}")
         try:
             lib = self.backend.compile(cand.source)
         except MetalAccelError as exc:

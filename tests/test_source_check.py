@@ -1,0 +1,71 @@
+"""Static checks of kernel sources: what a kernel may include and call."""
+from __future__ import annotations
+
+import pytest
+
+from metal_accel.source_check import SourceCheckError, check_kernel_source
+
+from toymodels import GOOD
+
+OK_CPP = """
+#include <cstdint>
+#include <cmath>
+#include "ma_vecmath.h"
+static inline float sq(float x) { return x * x; }
+static const float kHalf = 0.5f;
+constexpr int kTile = 16;
+// a comment that mentions system("rm -rf /") and fopen() is fine
+extern "C" void k(const float* x, float* out, int64_t n) {
+    const char* s = "printf(\\"hi\\")";
+    (void)s;
+    for (int64_t i = 0; i < n; ++i) out[i] = sq(x[i]) * kHalf + kTile;
+}
+"""
+
+
+def test_realistic_sources_pass():
+    check_kernel_source(OK_CPP, "c++")
+    check_kernel_source(GOOD.split('"""')[1], "c++")
+    check_kernel_source("#include <metal_stdlib>\nusing namespace metal;\nconstant float k = 2.0f;\n"
+                        "kernel void f(device float* o [[buffer(0)]], uint i [[thread_position_in_grid]]) "
+                        "{ threadgroup float t[32]; o[i] = k; }", "msl")
+    check_kernel_source("#include <cuda_fp16.h>\n__global__ void f(float* o) { __shared__ float t[32]; "
+                        "o[threadIdx.x] = 1.0f; }", "cuda")
+
+
+@pytest.mark.parametrize("snippet, message", [
+    ("#include <cstdio>", "not an allowed header"),
+    ("#include <fstream>", "not an allowed header"),
+    ('#include "/etc/passwd"', "not an allowed header"),
+    ("#include <dlfcn.h>", "not an allowed header"),
+    ("void f() { asm volatile(\"nop\"); }", "inline assembly"),
+    ("void f() { __asm__(\"nop\"); }", "inline assembly"),
+    ("void f() { system(\"ls\"); }", "system()"),
+    ("void f() { std::getenv(\"HOME\"); }", "getenv()"),
+    ("void f() { void* h = dlopen(\"x\", 0); }", "dlopen()"),
+    ("void f() { auto fp = fopen(\"x\", \"w\"); }", "fopen()"),
+    ("void f() { printf(\"x\"); }", "printf()"),
+    ("void f() { int s = socket(2, 1, 0); }", "socket()"),
+    ("void f(float* o) { static float memo[16]; o[0] = memo[0]; }", "static variable"),
+    ("void f(float* o) { static int calls = 0; o[0] = calls++; }", "static variable"),
+    ("float* f() { static thread_local float b[4]; return b; }", "thread_local"),
+    ("float cache_[1024];\nvoid f() {}", "global variable"),
+    ("int calls = 0;\nvoid f() { calls++; }", "global variable"),
+    ("#pragma once\n#line 1 \"x\"\nvoid f() {}", "#line"),
+])
+def test_forbidden_constructs_are_rejected_with_line(snippet, message):
+    with pytest.raises(SourceCheckError, match=message) as info:
+        check_kernel_source("#include <cstdint>\n" + snippet, "c++")
+    assert "line " in str(info.value)
+
+
+def test_cuda_global_device_state_is_rejected():
+    with pytest.raises(SourceCheckError, match="global device variable"):
+        check_kernel_source("__device__ float memo[64];\n__global__ void f(float* o) { o[0] = memo[0]; }", "cuda")
+    with pytest.raises(SourceCheckError, match="clock64"):
+        check_kernel_source("__global__ void f(long long* o) { o[0] = clock64(); }", "cuda")
+
+
+def test_language_headers_do_not_cross():
+    with pytest.raises(SourceCheckError, match="metal_stdlib"):
+        check_kernel_source("#include <metal_stdlib>\n", "c++")
