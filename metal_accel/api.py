@@ -17,6 +17,8 @@ from .capture import capture
 from .dispatch import dispatcher_of, uninstall
 from .errors import MetalAccelError
 from .pipeline import Pipeline
+from .prove import ProofSettings
+from .worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
 from .synth.base import CandidateProvider
 from .synth.directory import provider_from_spec
@@ -41,13 +43,14 @@ def _providers(providers: Iterable[str | CandidateProvider] | None) -> list[Cand
 def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, Any] | None = None, *,
              backend: str | Backend | None = None, providers: Iterable[str | CandidateProvider] | None = None,
              strict: bool = False, margin: float = DEFAULT_MARGIN, progress: bool | None = None,
-             bench_budget_s: float = 1.0) -> nn.Module:
+             bench_budget_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> nn.Module:
     """Swap proven, faster kernels into `model` for the calls that `example_inputs` exercise.
 
     Returns the same model object, patched in place; `restore(model)` undoes it and
     `explain(model)` returns the report of every decision. Modules without a proven kernel keep
     their eager forward. Errors are logged and fall back to eager unless `strict=True`.
     `providers` supply candidates on a cache miss, e.g. ``["dir:path/to/candidates"]``.
+    New or foreign candidates compile and run first in a worker process limited to `timeout_s`.
     """
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     restore(model)
@@ -59,7 +62,8 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
     try:
         be = backend if isinstance(backend, Backend) else \
             get_backend(backend) if backend else backend_for_device(_device_of(model, args))
-        plan = Pipeline(be, _providers(providers), margin=margin, strict=strict, bench_budget_s=bench_budget_s)
+        settings = ProofSettings(margin=margin, bench_budget_s=bench_budget_s, timeout_s=timeout_s)
+        plan = Pipeline(be, _providers(providers), settings=settings, strict=strict)
         calls = capture(model, args, example_kwargs, sync=be.synchronize)
     except MetalAccelError as exc:
         if strict:

@@ -38,21 +38,39 @@ def _spread(xs: Sequence[float]) -> float:
     return (_quantile(xs, 0.75) - _quantile(xs, 0.25)) / med if med > 0 else 0.0
 
 
-def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> float:
+def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> tuple[float, Any]:
+    """Wall time of one call, with the device synchronized before and after (all streams)."""
     sync()
     t0 = time.perf_counter()
-    fn(*args, **kwargs)
+    out = fn(*args, **kwargs)
     sync()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, out
+
+
+Check = Callable[[Any, Any, str], Any]  # (kernel output, eager output, label); raises on mismatch
+
+
+def _spot_check(check: Check, k_out: Any, e_out: Any, rep: int) -> None:
+    ks = k_out if isinstance(k_out, (tuple, list)) else (k_out,)
+    es = e_out if isinstance(e_out, (tuple, list)) else (e_out,)
+    if len(ks) != len(es):
+        raise AssertionError(f"timed call {rep}: {len(ks)} outputs, eager returns {len(es)}")
+    for i, (k, e) in enumerate(zip(ks, es)):
+        check(k, e, f"timed call {rep}, output {i}")
 
 
 def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
                   sync: Callable[[], None] = lambda: None, *, margin: float = DEFAULT_MARGIN,
-                  warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0) -> BenchResult:
+                  warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0,
+                  check: Check | None = None, check_every: int = 8,
+                  flush: Callable[[], None] | None = None) -> BenchResult:
     """Time eager and kernel alternately on rotating inputs; accept only a win beyond the noise.
 
     Accepted when the median speedup is at least 1 + margin and the kernel won at least three
-    quarters of the interleaved pairs (25th percentile of per-pair ratios above 1).
+    quarters of the interleaved pairs (25th percentile of per-pair ratios above 1). With `check`,
+    every `check_every`-th pair's outputs are compared outside the timed region, so a kernel
+    cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
+    cache flush) runs before every timed call, outside the timing.
     """
     if not input_sets:
         raise ValueError("compare_speed needs at least one input set")
@@ -66,12 +84,15 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     rep = 0
     while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
         args, kwargs = input_sets[rep % len(input_sets)]
-        if rep % 2 == 0:
-            e_times.append(time_call(eager, args, kwargs, sync))
-            k_times.append(time_call(kernel, args, kwargs, sync))
-        else:
-            k_times.append(time_call(kernel, args, kwargs, sync))
-            e_times.append(time_call(eager, args, kwargs, sync))
+        order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)
+        outs = {}
+        for fn in order:
+            if flush is not None:
+                flush()
+            elapsed, outs[fn] = time_call(fn, args, kwargs, sync)
+            (e_times if fn is eager else k_times).append(elapsed)
+        if check is not None and rep % check_every == 0:
+            _spot_check(check, outs[kernel], outs[eager], rep)
         rep += 1
     e_med, k_med = statistics.median(e_times), statistics.median(k_times)
     speedup = e_med / k_med if k_med > 0 else float("inf")

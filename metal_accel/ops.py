@@ -49,15 +49,21 @@ class ModuleLayout:
         return [getattr(sub, store)[name] for sub, store, name in self.refs]
 
     def view(self, state: list[torch.Tensor]) -> ModuleView:
-        attrs: dict[str, dict[str, Any]] = {p: dict(a) for p, a in self.static.items()}
-        for (path, name), t in zip(self.tensor_slots, state):
-            attrs[path][name] = t
-        views = {path: ModuleView(attrs[path]) for path in self.paths}
-        for path in self.paths:
-            if path:
-                parent, _, leaf = path.rpartition(".")
-                setattr(views[parent], leaf, views[path])
-        return views[""]
+        return build_view(self.static, self.tensor_slots, state)
+
+
+def build_view(static: dict[str, dict[str, Any]], tensor_slots: list[tuple[str, str]],
+               state: list[torch.Tensor]) -> ModuleView:
+    """The ModuleView tree of a module from its per-path config and its state tensors."""
+    attrs: dict[str, dict[str, Any]] = {p: dict(a) for p, a in static.items()}
+    for (path, name), t in zip(tensor_slots, state):
+        attrs[path][name] = t
+    views = {path: ModuleView(a) for path, a in attrs.items()}
+    for path in attrs:
+        if path:
+            parent, _, leaf = path.rpartition(".")
+            setattr(views[parent], leaf, views[path])
+    return views[""]
 
 
 class KernelOp:

@@ -2,30 +2,25 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
 from torch import nn
 
 from . import cache as cache_mod
 from .backends.base import Backend, Environment
-from .bench import DEFAULT_MARGIN, BenchResult, compare_speed
 from .cache import CacheEntry, Verdict
 from .candidate import Candidate, parse_candidate
 from .capture import ModuleCall
-from .dispatch import Dispatcher, dispatcher_of, eager_only, install
+from .dispatch import install
 from .errors import MetalAccelError
 from .keys import class_path, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
+from .prove import ProofSettings, kernels_only, prove
 from .report import ModuleReport
-from .sandbox import check_host_code, load_forward
-from .source_check import check_kernel_source
+from .sandbox import load_forward
 from .specs import UnsupportedCall
 from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
-from .testdata import make_inputs
-from .validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +29,8 @@ log = logging.getLogger(__name__)
 class Pipeline:
     backend: Backend
     providers: Sequence[Provider] = ()
-    margin: float = DEFAULT_MARGIN
+    settings: ProofSettings = field(default_factory=ProofSettings)
     strict: bool = False
-    bench_budget_s: float = 1.0
     installed: set[int] = field(default_factory=set)  # ids of modules that run a kernel
     _parents: dict[int, list[nn.Module]] = field(default_factory=dict)
 
@@ -158,62 +152,7 @@ class Pipeline:
 
     def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
         """Sandbox, compile, validate and benchmark one candidate on this device."""
-        env = self.env
-
-        def reject(reason: str, bench: BenchResult | None = None) -> Evaluation:
-            log.info("metal_accel: %s: rejected %s: %s", call.name, cand.origin, reason)
-            v = Verdict(env, False, reason, cand.digest,
-                        bench.speedup if bench else None, bench.eager_us if bench else None,
-                        bench.kernel_us if bench else None, {"bench": bench.to_dict()} if bench else {})
-            return Evaluation(cand, v, bench=bench)
-
-        try:
-            check_host_code(cand.code)
-        except MetalAccelError as exc:
-            return reject(f"sandbox: {exc}")
-        try:
-            check_kernel_source(cand.source, self.backend.language)
-        except MetalAccelError as exc:
-            return reject(f"source check: {exc}")
-        try:
-            lib = self.backend.compile(cand.source)
-        except MetalAccelError as exc:
-            return reject(f"compile error: {exc}")
-        module = call.module
-        disp = dispatcher_of(module)
-        original = disp.original if disp else module.forward
-        layout = disp.layout if disp else Dispatcher(module, original).layout
-        poisoned = load_forward(cand.code, kernels_only(lib), poison=True)
-
-        def candidate_fn(*args: Any, **kwargs: Any) -> Any:
-            return poisoned(layout.view(layout.gather()), *args, **kwargs)
-
-        assert call.spec is not None and call.output_spec is not None
-        device = _device_of(call)
-        with torch.inference_mode(), eager_only():
-            result = validate(original, candidate_fn, call.spec, device=device, state=layout.gather())
-        if not result.ok:
-            return reject(f"incorrect: {result.reason}")
-        op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec, call.output_spec,
-                       module, self.backend.device_type)
-        probe = Dispatcher(module, original, strict=True)
-        probe.honor_bypass = False
-        probe.add(call.spec.signature(), op)
-        gen = torch.Generator().manual_seed(torch.seed() % (2**62))
-        inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(4)]
-        try:
-            with torch.inference_mode(), eager_only():
-                bench = compare_speed(original, probe, inputs, self.backend.synchronize, margin=self.margin,
-                                      budget_s=self.bench_budget_s)
-        except Exception as exc:
-            return reject(f"failed while timed: {type(exc).__name__}: {exc}")
-        if not bench.accepted:
-            return reject(bench.reason, bench)
-        details = {"bench": bench.to_dict(), "validation": {"trials": result.trials,
-                   "max_abs_err": result.max_abs_err, "max_norm_err": result.max_norm_err}}
-        v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
-        log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
-        return Evaluation(cand, v, op, bench)
+        return prove(call, key, cand, self.backend, self.settings)
 
     def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | None = None) -> None:
         assert call.spec is not None and call.output_spec is not None
@@ -244,19 +183,6 @@ class Pipeline:
         walk(model, [])
 
 
-def kernels_only(lib: Any) -> SimpleNamespace:
-    """What host code sees as `lib`: the compiled kernels and nothing else of the library object."""
-    return SimpleNamespace(**{name: getattr(lib, name) for name in lib.kernel_names})
-
-
 def _rejection(ev: Evaluation) -> dict[str, str]:
     return {"digest": ev.candidate.digest, "origin": ev.candidate.origin, "reason": ev.verdict.reason}
 
-
-def _device_of(call: ModuleCall) -> torch.device:
-    for t in (*call.args, *call.kwargs.values()):
-        if isinstance(t, torch.Tensor):
-            return t.device
-    for p in call.module.parameters():
-        return p.device
-    return torch.device("cpu")

@@ -7,7 +7,8 @@ import torch
 
 from .specs import InputSpec, ScalarSpec, TensorSpec
 
-DISTRIBUTIONS = ("normal", "uniform", "large", "small")
+DISTRIBUTIONS = ("normal", "uniform", "large", "negative", "small")
+SPECIAL = "special"  # zeros, negatives, large magnitudes, NaN, +-Inf and denormals among normal values
 
 
 def _storage_numel(spec: TensorSpec) -> int:
@@ -26,10 +27,26 @@ def _fill(n: int, dtype: torch.dtype, spec: TensorSpec, dist: str, gen: torch.Ge
         base = torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1
     else:
         base = torch.randn(n, generator=gen, dtype=torch.float64)
+    if dist == "negative":
+        base = -base.abs()
     scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
     if dtype in (torch.float16, torch.bfloat16):
         scale = min(scale, 16.0)
-    return (base * scale).to(dtype)
+    out = (base * scale).to(dtype)
+    if dist == SPECIAL and n:
+        _sprinkle_special(out, gen)
+    return out
+
+
+def _sprinkle_special(out: torch.Tensor, gen: torch.Generator) -> None:
+    """Overwrite about 1/8 of the elements with special values, at random positions."""
+    info = torch.finfo(out.dtype)
+    specials = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), info.tiny / 4,
+                             -info.tiny / 4, info.max / 4, -info.max / 4, 1e4, -1e4, -1.0], dtype=out.dtype)
+    n = out.numel()
+    count = max(1, n // 8)
+    where = torch.randperm(n, generator=gen)[:count]
+    out[where] = specials[torch.randint(0, len(specials), (count,), generator=gen)]
 
 
 def make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch.device | str) -> torch.Tensor:

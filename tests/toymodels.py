@@ -69,3 +69,8 @@ NO_COMPILE = chain_candidate(_CHAIN_BODY.replace("float v", "flot v"))
 RAISES = GOOD.replace("lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)",
                       "lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n)")
 SANDBOX_ESCAPE = GOOD.replace("out = torch.empty_like(x)", "out = torch.load('weights.pt')")
+SEGFAULT = chain_candidate(extra="    if (rows > 0) { volatile float* p = nullptr; p[r] = 1.0f; }\n")
+TRAP = chain_candidate(extra="    if (rows > 0) __builtin_trap();\n")
+HANG = chain_candidate(extra="    for (volatile int spin = 0; spin >= 0; spin = spin + 1 - 1) {}\n")
+RUNAWAY_ALLOC = chain_candidate(extra="    { std::vector<float> grow(1); for (;;) grow.resize(grow.size() * 2); }\n"
+                                ).replace("#include <cmath>", "#include <cmath>\n#include <vector>")

@@ -30,7 +30,8 @@ extern "C" void rmsnorm_f32(const float* x, const float* w, float* out, int64_t 
 
 
 def forward(module, x):
+    x = x.contiguous()
     dim = x.shape[-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    lib.rmsnorm_f32(x.contiguous(), module.weight.contiguous(), out, x.numel() // dim, dim, float(module.eps))
+    out = torch.empty_like(x)
+    lib.rmsnorm_f32(x, module.weight.contiguous(), out, x.numel() // dim, dim, float(module.eps))
     return out

@@ -1,0 +1,160 @@
+"""Prove one candidate on this device: static checks, isolated compile and validation, then timing."""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+from torch.func import functional_call
+
+from . import config
+from .backends.base import Backend
+from .bench import DEFAULT_MARGIN, BenchResult, compare_speed
+from .cache import Verdict
+from .candidate import Candidate
+from .capture import ModuleCall
+from .dispatch import Dispatcher, dispatcher_of, eager_only
+from .errors import MetalAccelError
+from .ops import kernel_op
+from .sandbox import check_host_code, load_forward
+from .source_check import check_kernel_source
+from .synth.base import Evaluation
+from .testdata import make_inputs
+from .validate import ValidationResult, compare_output, judge, make_trials
+from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProofSettings:
+    margin: float = DEFAULT_MARGIN
+    bench_budget_s: float = 1.0
+    timeout_s: float = DEFAULT_TIMEOUT_S   # compile + validation in the worker
+    isolate: bool = True                    # False only for trusted, in-process candidates (tests)
+
+
+def kernels_only(lib: Any) -> SimpleNamespace:
+    """What host code sees as `lib`: the compiled kernels and nothing else of the library object."""
+    return SimpleNamespace(**{name: getattr(lib, name) for name in lib.kernel_names})
+
+
+def device_of(call: ModuleCall) -> torch.device:
+    for t in (*call.args, *call.kwargs.values()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    for p in call.module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def float64_reference(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager forward with floating parameters and buffers in float64 (inputs are cast by judge)."""
+    def ref64(*args: Any, **kwargs: Any) -> Any:
+        tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        up = {k: v.detach().double() if v.is_floating_point() else v for k, v in tensors.items()}
+        with eager_only():
+            return functional_call(module, up, args, kwargs)
+    return ref64
+
+
+def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, settings: ProofSettings) -> Evaluation:
+    """Everything one candidate must survive before it may run; never raises for a bad candidate."""
+    env = backend.environment()
+    timings: dict[str, float] = {}
+
+    def reject(reason: str, bench: BenchResult | None = None) -> Evaluation:
+        log.info("metal_accel: %s: rejected %s: %s", call.name, cand.origin, reason)
+        details: dict[str, Any] = {"timings": timings}
+        if bench:
+            details["bench"] = bench.to_dict()
+        v = Verdict(env, False, reason, cand.digest, bench.speedup if bench else None,
+                    bench.eager_us if bench else None, bench.kernel_us if bench else None, details)
+        return Evaluation(cand, v, bench=bench)
+
+    try:
+        check_host_code(cand.code)
+    except MetalAccelError as exc:
+        return reject(f"sandbox: {exc}")
+    try:
+        check_kernel_source(cand.source, backend.language)
+    except MetalAccelError as exc:
+        return reject(f"source check: {exc}")
+    assert call.spec is not None and call.output_spec is not None
+    module = call.module
+    disp = dispatcher_of(module)
+    original = disp.original if disp else module.forward
+    layout = disp.layout if disp else Dispatcher(module, original).layout
+    device = device_of(call)
+    trials = make_trials(call.spec, device)
+    t0 = time.perf_counter()
+    if settings.isolate:
+        req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
+               "code": cand.code, "source": cand.source, "static": layout.static, "slots": layout.tensor_slots,
+               "state": [_cpu(t) for t in layout.gather()],
+               "trials": [{"args": [_cpu(a) for a in t.args], "kwargs": {k: _cpu(v) for k, v in t.kwargs.items()}}
+                          for t in trials]}
+        try:
+            reply = shared_worker().request(req, settings.timeout_s)
+        except WorkerFailure as exc:
+            return reject(f"isolated run {exc}")
+        if not reply["ok"]:
+            stage = "compile error" if reply.get("stage") == "compile" else "failed in the worker"
+            return reject(f"{stage}: {reply['error']}")
+        timings["compile_s"] = float(reply.get("compile_s", 0.0))
+        results = reply["results"]
+    else:
+        from .validate import run_trial
+        try:
+            lib = backend.compile(cand.source)
+        except MetalAccelError as exc:
+            return reject(f"compile error: {exc}")
+        poisoned = load_forward(cand.code, kernels_only(lib), poison=True)
+        with torch.inference_mode():
+            results = [run_trial(lambda *a, **k: poisoned(layout.view(layout.gather()), *a, **k), t.args, t.kwargs,
+                                 layout.gather(), repeat=(i == 0), sync=backend.synchronize)
+                       for i, t in enumerate(trials)]
+    t1 = time.perf_counter()
+    with torch.inference_mode(), eager_only():
+        result = judge(trials, results, original, float64_reference(module, original))
+    timings["isolated_run_s"] = t1 - t0  # worker round trip: compile (if not cached) and the trials
+    timings["judge_s"] = time.perf_counter() - t1
+    if not result.ok:
+        return reject(f"incorrect: {result.reason}")
+    try:
+        lib = backend.compile(cand.source)  # proven in the worker; a disk-cache hit here
+    except MetalAccelError as exc:
+        return reject(f"compile error: {exc}")
+    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
+                   call.output_spec, module, backend.device_type)
+    probe = Dispatcher(module, original, strict=True)
+    probe.honor_bypass = False
+    probe.add(call.spec.signature(), op)
+    gen = torch.Generator().manual_seed(secrets.randbits(62))
+    inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(8)]
+    t2 = time.perf_counter()
+    try:
+        with torch.inference_mode(), eager_only():
+            bench = compare_speed(original, probe, inputs, backend.synchronize, margin=settings.margin,
+                                  budget_s=settings.bench_budget_s, check=compare_output)
+    except Exception as exc:
+        return reject(f"failed while timed: {type(exc).__name__}: {exc}")
+    timings["bench_s"] = time.perf_counter() - t2
+    if not bench.accepted:
+        return reject(bench.reason, bench)
+    details = {"bench": bench.to_dict(), "timings": timings, "validation": _validation_details(result)}
+    v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
+    log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
+    return Evaluation(cand, v, op, bench)
+
+
+def _validation_details(result: ValidationResult) -> dict[str, Any]:
+    return {"trials": result.trials, "max_abs_err": result.max_abs_err, "max_norm_err": result.max_norm_err}

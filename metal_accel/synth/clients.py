@@ -1,0 +1,191 @@
+"""Chat clients over the official SDKs (openai.AsyncOpenAI, anthropic.AsyncAnthropic).
+
+Keys are never passed in or read here except the one variable of OpenAI-compatible servers
+(METAL_ACCEL_COMPATIBLE_API_KEY): the SDKs resolve their own credentials (OPENAI_API_KEY,
+ANTHROPIC_API_KEY, their config files). The SDKs retry 429 (honouring retry-after), 408/409,
+5xx, connection errors and timeouts `sdk_max_retries` times; after they give up, `complete`
+retries a retryable failure `extra_retries` more times with exponential backoff. Every error
+message that leaves this module is scrubbed of credentials.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import MetalAccelError
+from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
+from .scrub import register_secret, scrub_exception
+from .settings import SynthSettings
+
+log = logging.getLogger(__name__)
+Message = dict[str, str]  # {"role": "user" | "assistant", "content": text}
+_MAX_BACKOFF_S = 60.0
+
+
+@dataclass
+class Completion:
+    """One answer and what it cost."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    latency_s: float
+    estimated_tokens: bool = False   # the server reported no usage; tokens estimated from text length
+    retries: int = 0                 # our own retries (the SDK's are not visible)
+
+
+class RequestFailed(MetalAccelError):
+    """A request failed for good. `fatal`: the model is unusable (credentials, unknown model)."""
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class ChatClient(Protocol):
+    spec: ModelSpec
+
+    async def complete(self, system: str, messages: list[Message], *, deadline: float | None = None) -> Completion: ...
+
+    async def close(self) -> None: ...
+
+
+def _sdk(kind: str) -> Any:
+    name = "anthropic" if kind == "anthropic" else "openai"
+    try:
+        return __import__(name)
+    except ImportError:
+        raise ProviderConfigError(f"the {name} SDK is not installed: pip install 'metal-accel[{name}]'") from None
+
+
+def _build(spec: ModelSpec, settings: SynthSettings) -> Any:
+    """A fresh SDK client (no network). Raises ProviderConfigError when the SDK finds no credentials."""
+    sdk = _sdk(spec.kind)
+    common = {"timeout": settings.request_timeout_s, "max_retries": settings.sdk_max_retries}
+    try:
+        if spec.kind == "anthropic":
+            client = sdk.AsyncAnthropic(**common)
+        elif spec.kind == "openai":
+            client = sdk.AsyncOpenAI(**common)
+        else:
+            client = sdk.AsyncOpenAI(api_key=os.environ.get(COMPATIBLE_KEY_ENV) or "not-needed",
+                                     base_url=spec.base_url, **common)
+    except Exception as exc:  # the SDKs raise their base error class for missing credentials
+        hint = "set OPENAI_API_KEY" if spec.kind == "openai" else "check the SDK's configuration"
+        raise ProviderConfigError(f"{spec.label}: cannot create the client ({hint}): {scrub_exception(exc)}") from None
+    for attr in ("api_key", "auth_token"):
+        value = getattr(client, attr, None)
+        register_secret(value if isinstance(value, str) else None)
+    return client
+
+
+def check_configured(spec: ModelSpec, settings: SynthSettings) -> None:
+    """Raise ProviderConfigError if `spec` cannot be used here (SDK missing, credentials missing)."""
+    _build(spec, settings)
+
+
+def make_client(spec: ModelSpec, settings: SynthSettings) -> "SDKChatClient":
+    """A client for `spec`; create it inside the event loop that will use it."""
+    return SDKChatClient(spec, settings, _build(spec, settings))
+
+
+class SDKChatClient:
+    """One model behind one SDK client; `complete` sends a system prompt and a conversation."""
+
+    def __init__(self, spec: ModelSpec, settings: SynthSettings, client: Any) -> None:
+        self.spec = spec
+        self.settings = settings
+        self._client = client
+        self._sdk = _sdk(spec.kind)
+
+    async def close(self) -> None:
+        try:
+            await self._client.close()
+        except Exception:  # closing is best effort
+            pass
+
+    async def complete(self, system: str, messages: list[Message], *, deadline: float | None = None) -> Completion:
+        """Send one request; retry retryable failures with backoff until `deadline` (monotonic)."""
+        retries = 0
+        while True:
+            t0 = time.monotonic()
+            try:
+                coro = self._request(system, messages)
+                if deadline is not None:
+                    coro = asyncio.wait_for(coro, max(0.0, deadline - t0))
+                text, t_in, t_out, estimated = await coro
+            except asyncio.TimeoutError:
+                raise RequestFailed(f"{self.spec.label}: out of time budget while waiting for an answer") from None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                kind = self._classify(exc)
+                what = scrub_exception(exc)
+                if kind == "fatal":
+                    raise RequestFailed(f"{self.spec.label}: {what}", fatal=True) from None
+                if kind == "fail" or retries >= self.settings.extra_retries:
+                    raise RequestFailed(f"{self.spec.label}: {what}"
+                                        + (f" (after {retries} extra retries)" if retries else "")) from None
+                delay = self._backoff(exc, retries)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise RequestFailed(f"{self.spec.label}: {what} (no time budget left to retry)") from None
+                retries += 1
+                log.info("metal_accel: %s: %s; retry %d in %.1f s", self.spec.label, what, retries, delay)
+                await asyncio.sleep(delay)
+                continue
+            return Completion(text, t_in, t_out, time.monotonic() - t0, estimated, retries)
+
+    async def _request(self, system: str, messages: list[Message]) -> tuple[str, int, int, bool]:
+        s = self.settings
+        extra = {"temperature": s.temperature} if s.temperature is not None else {}
+        if self.spec.kind == "anthropic":
+            resp = await self._client.messages.create(model=self.spec.model, max_tokens=s.max_output_tokens,
+                                                      system=system, messages=messages, **extra)
+            text = "".join(getattr(b, "text", "") for b in resp.content if getattr(b, "type", "") == "text")
+            usage = getattr(resp, "usage", None)
+            t_in = getattr(usage, "input_tokens", None)
+            t_out = getattr(usage, "output_tokens", None)
+        else:
+            limit = "max_completion_tokens" if self.spec.kind == "openai" else "max_tokens"
+            resp = await self._client.chat.completions.create(
+                model=self.spec.model, messages=[{"role": "system", "content": system}, *messages],
+                **{limit: s.max_output_tokens}, **extra)
+            text = (resp.choices[0].message.content or "") if resp.choices else ""
+            usage = getattr(resp, "usage", None)
+            t_in = getattr(usage, "prompt_tokens", None)
+            t_out = getattr(usage, "completion_tokens", None)
+        if t_in is None or t_out is None:  # some compatible servers report no usage
+            sent = len(system) + sum(len(m["content"]) for m in messages)
+            return text, sent // 4, len(text) // 4, True
+        return text, int(t_in), int(t_out), False
+
+    def _classify(self, exc: Exception) -> str:
+        """'retry' (rate limit, timeout, connection, 5xx), 'fatal' (credentials, unknown model) or 'fail'."""
+        sdk = self._sdk
+        if isinstance(exc, TypeError) and "authentication" in str(exc).lower():
+            return "fatal"  # anthropic: no credentials resolved
+        for name in ("AuthenticationError", "PermissionDeniedError", "NotFoundError"):
+            if isinstance(exc, getattr(sdk, name, ())):
+                return "fatal"
+        for name in ("RateLimitError", "APITimeoutError", "APIConnectionError", "InternalServerError"):
+            if isinstance(exc, getattr(sdk, name, ())):
+                return "retry"
+        status = getattr(exc, "status_code", None)
+        if isinstance(status, int) and (status >= 500 or status in (408, 409, 429)):
+            return "retry"
+        return "fail"
+
+    def _backoff(self, exc: Exception, retries: int) -> float:
+        delay = self.settings.retry_backoff_s * (2 ** retries)
+        response = getattr(exc, "response", None)
+        header = getattr(response, "headers", {}).get("retry-after") if response is not None else None
+        try:
+            delay = max(delay, float(header)) if header is not None else delay
+        except ValueError:
+            pass
+        return min(_MAX_BACKOFF_S, delay) * (1 + 0.1 * random.random())

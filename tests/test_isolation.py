@@ -1,0 +1,40 @@
+"""Untrusted candidates compile and first run in a worker: crashes, hangs and runaway memory are
+rejections with a reason, and the user's process goes on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import metal_accel
+
+from test_optimize import candidates, chain_report, run
+from toymodels import GOOD, HANG, RUNAWAY_ALLOC, SEGFAULT, TRAP, Net
+
+pytestmark = pytest.mark.needs_cxx
+
+
+@pytest.mark.parametrize("text, why", [
+    (SEGFAULT, "killed by SIGSEGV"),
+    (TRAP, "killed by SIGILL"),
+    (RUNAWAY_ALLOC, "crashed"),
+])
+def test_crashing_candidate_is_rejected_and_process_survives(tmp_path, text, why):
+    model, x = Net().eval(), torch.randn(4, 256)
+    ref = run(model, x)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, bad=text)])
+    rep = chain_report(model)
+    assert rep.status == "eager"
+    assert why in rep.reason, rep.reason
+    torch.testing.assert_close(run(model, x), ref, rtol=0, atol=0)
+    # the worker was replaced: a good candidate is still proven and installed afterwards
+    model2 = Net().eval()
+    metal_accel.optimize(model2, (x,), providers=[candidates(tmp_path / "2", good=GOOD)])
+    assert chain_report(model2).status == "kernel"
+
+
+def test_hanging_candidate_times_out(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, hang=HANG)], timeout_s=20)
+    rep = chain_report(model)
+    assert rep.status == "eager" and "timed out after 20 s" in rep.reason
+
