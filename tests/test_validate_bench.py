@@ -128,3 +128,66 @@ def test_bench_accepts_a_clear_win_and_rejects_a_loss():
     assert not loss.accepted and "not faster" in loss.reason
     tie = compare_speed(_sleeper(0.002), _sleeper(0.002), inputs, min_reps=10, max_reps=20)
     assert not tie.accepted
+
+
+def test_special_values_must_match_eager_nan_inf_masks():
+    def relu_eager(x):
+        return torch.relu(x)
+
+    def relu_nan_blind(x):  # a kernel that maps NaN to 0 (max(x, 0) in C does that)
+        return torch.where(x > 0, x, torch.zeros_like(x))
+    res = validate(relu_eager, relu_nan_blind, SPEC, device="cpu")
+    assert not res.ok and "special inputs" in res.reason and "NaN positions differ" in res.reason
+
+
+def test_degenerate_problem_is_reported():
+    spec = InputSpec.of((torch.randn(8, 8),))
+
+    def always_zero(x):
+        return x * 0.0
+    res = validate(always_zero, lambda x: torch.zeros_like(x), spec, device="cpu",
+                   dists=("normal", "uniform"))
+    assert not res.ok and "degenerate" in res.reason
+
+
+def test_float64_reference_accepts_a_more_accurate_kernel():
+    # eager float32 loses the low bits of x in (x + 4096) - 4096; a kernel that computes it exactly
+    # disagrees with eager's rounding but matches the float64 truth, and must not be rejected for it.
+    spec = InputSpec.of((torch.randn(64, 256),))
+
+    def eager(x):
+        return (x + 4096.0) - 4096.0
+
+    def exact(x):
+        return ((x.double() + 4096.0) - 4096.0).float()
+    dists = ("normal", "uniform", "large")  # with NaN/Inf inputs float32 and float64 overflow differently
+    assert not validate(eager, exact, spec, device="cpu", dists=dists).ok
+    assert validate(eager, exact, spec, device="cpu", reference64=eager, dists=dists).ok
+    sloppy = lambda x: eager(x) * (1 + 1e-3)  # noqa: E731  (the float64 path does not loosen the check)
+    assert not validate(eager, sloppy, spec, device="cpu", reference64=eager, dists=dists).ok
+
+
+def test_output_strides_must_match_eager():
+    def eager(x):
+        return x * 2
+
+    def transposed_layout(x):
+        return (x.t() * 2).contiguous().t()
+    spec = InputSpec.of((torch.randn(16, 32),))
+    res = validate(eager, transposed_layout, spec, device="cpu")
+    assert not res.ok and "strides" in res.reason
+
+
+def test_spot_checks_catch_a_kernel_that_changes_while_timed():
+    from metal_accel.validate import compare_output
+    calls = []
+
+    def eager(x):
+        return x + 1
+
+    def sneaky(x):  # right while validated, wrong (and fast) once timing starts
+        calls.append(1)
+        return x + 1 if len(calls) < 10 else torch.zeros_like(x)
+    inputs = [((torch.randn(64),), {}) for _ in range(4)]
+    with pytest.raises(Mismatch):
+        compare_speed(eager, sneaky, inputs, check=compare_output, check_every=1, min_reps=20, max_reps=20)
