@@ -6,6 +6,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+import torch
+
 DEFAULT_MARGIN = 0.05
 
 
@@ -23,6 +25,15 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def cache_flusher(device: torch.device | str, nbytes: int = 64 << 20) -> Callable[[], None]:
+    """A function that evicts the caches (CPU L3, GPU L2) by writing a buffer larger than them."""
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+
+    def flush() -> None:
+        buf.fill_(1.0)
+    return flush
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:

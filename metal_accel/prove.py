@@ -1,6 +1,7 @@
 """Prove one candidate on this device: static checks, isolated compile and validation, then timing."""
 from __future__ import annotations
 
+import ast
 import logging
 import secrets
 import time
@@ -13,7 +14,7 @@ from torch.func import functional_call
 
 from . import config
 from .backends.base import Backend
-from .bench import DEFAULT_MARGIN, BenchResult, compare_speed
+from .bench import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
 from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
@@ -23,7 +24,7 @@ from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
 from .source_check import check_kernel_source
 from .synth.base import Evaluation
-from .testdata import make_inputs
+from .testdata import make_inputs, sweep_specs
 from .validate import ValidationResult, compare_output, judge, make_trials
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
@@ -36,6 +37,8 @@ class ProofSettings:
     bench_budget_s: float = 1.0
     timeout_s: float = DEFAULT_TIMEOUT_S   # compile + validation in the worker
     isolate: bool = True                    # False only for trusted, in-process candidates (tests)
+    flush_cache: bool = False               # evict caches before every timed call (cold-cache timing)
+    sweep: bool = True                      # candidates declaring SHAPE_GENERIC = True are also tried on other batch sizes
 
 
 def kernels_only(lib: Any) -> SimpleNamespace:
@@ -95,6 +98,9 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     layout = disp.layout if disp else Dispatcher(module, original).layout
     device = device_of(call)
     trials = make_trials(call.spec, device)
+    if settings.sweep and declares_shape_generic(cand.code):
+        for alt in sweep_specs(call.spec):
+            trials += make_trials(alt, device, dists=("normal", "uniform"))
     t0 = time.perf_counter()
     if settings.isolate:
         req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
@@ -144,7 +150,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     try:
         with torch.inference_mode(), eager_only():
             bench = compare_speed(original, probe, inputs, backend.synchronize, margin=settings.margin,
-                                  budget_s=settings.bench_budget_s, check=compare_output)
+                                  budget_s=settings.bench_budget_s, check=compare_output,
+                                  flush=cache_flusher(device) if settings.flush_cache else None)
     except Exception as exc:
         return reject(f"failed while timed: {type(exc).__name__}: {exc}")
     timings["bench_s"] = time.perf_counter() - t2
@@ -154,6 +161,15 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
     log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
     return Evaluation(cand, v, op, bench)
+
+
+def declares_shape_generic(code: str) -> bool:
+    """True when the candidate's block has a top-level `SHAPE_GENERIC = True`."""
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SHAPE_GENERIC"
+                                                for t in node.targets):
+            return isinstance(node.value, ast.Constant) and node.value.value is True
+    return False
 
 
 def _validation_details(result: ValidationResult) -> dict[str, Any]:

@@ -36,7 +36,7 @@ _FORBIDDEN_CALLS = (
     "freopen", "fwrite", "fread", "fprintf", "printf", "puts", "fputs", "open", "openat", "creat", "remove",
     "unlink", "rename", "mkdir", "rmdir", "dlopen", "dlsym", "dlclose", "socket", "connect", "bind", "listen",
     "accept", "send", "recv", "sendto", "recvfrom", "getenv", "setenv", "putenv", "mmap", "munmap", "mprotect",
-    "syscall", "ioctl", "kill", "signal", "sigaction", "pthread_create", "clone", "ptrace", "exit", "_exit",
+    "syscall", "ioctl", "getpid", "getppid", "kill", "signal", "sigaction", "pthread_create", "clone", "ptrace", "exit", "_exit",
     "abort", "atexit", "setjmp", "longjmp", "time", "clock", "rand", "srand", "cudaMalloc", "cudaFree",
     "cudaMemcpy", "cudaMemcpyAsync", "cudaMemcpyToSymbol", "cudaStreamCreate", "cudaDeviceSynchronize",
     "cudaStreamSynchronize", "cudaLaunchKernel", "cudaSetDevice",
@@ -44,7 +44,8 @@ _FORBIDDEN_CALLS = (
 _FORBIDDEN_WORDS = ("asm", "__asm", "__asm__", "thread_local", "_Thread_local", "__thread", "std::thread",
                     "std::async", "std::ifstream", "std::ofstream", "std::fstream", "std::cout", "std::cerr",
                     "std::random_device", "std::chrono", "__builtin_readcyclecounter", "__rdtsc", "clock64",
-                    "globaltimer", "%globaltimer")
+                    "globaltimer", "%globaltimer", "constructor", "destructor", "__attribute__((constructor",
+                    "init_priority")
 
 _COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)

@@ -67,3 +67,28 @@ def make_inputs(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.
             return make_tensor(s, dist, gen, device)
         return s.value
     return tuple(one(a) for a in spec.args), {k: one(s) for k, s in spec.kwargs}
+
+
+def sweep_specs(spec: InputSpec) -> list[InputSpec]:
+    """Variants of `spec` with the leading (batch) dimension changed, for shape-generic kernels.
+
+    Every tensor whose first dimension equals the first tensor's changes together; strides are
+    recomputed contiguous. Values of scalar arguments stay as they are.
+    """
+    tensors = spec.tensor_specs()
+    if not tensors or not tensors[0].shape:
+        return []
+    lead = tensors[0].shape[0]
+    out = []
+    for new in sorted({max(1, lead // 2), lead * 2 + 1} - {lead}):
+        def resize(s: TensorSpec | ScalarSpec) -> TensorSpec | ScalarSpec:
+            if not isinstance(s, TensorSpec) or not s.shape or s.shape[0] != lead:
+                return s
+            shape = (new, *s.shape[1:])
+            stride, step = [], 1
+            for size in reversed(shape):
+                stride.append(step)
+                step *= max(size, 1)
+            return TensorSpec(shape, s.dtype, tuple(reversed(stride)), s.device, s.value_range)
+        out.append(InputSpec(tuple(resize(a) for a in spec.args), tuple((k, resize(v)) for k, v in spec.kwargs)))
+    return out

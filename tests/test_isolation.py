@@ -38,3 +38,20 @@ def test_hanging_candidate_times_out(tmp_path):
     rep = chain_report(model)
     assert rep.status == "eager" and "timed out after 20 s" in rep.reason
 
+
+
+def test_shape_generic_claim_is_swept_over_batch_sizes(tmp_path):
+    generic = GOOD + "\nSHAPE_GENERIC = True\n"
+    four_rows_only = generic.replace("x.numel() // n", "min(x.numel() // n, 4)")
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, liar=four_rows_only)])
+    rep = chain_report(model)
+    assert rep.status == "eager" and "NaN positions differ" in rep.reason  # rows 4.. of a 9-row batch unwritten
+    model = Net().eval()
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path / "2", honest=generic)])
+    assert chain_report(model).status == "kernel"
+    # without the claim, the exact-shape kernel is judged on its own shape only
+    model = Net().eval()
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path / "3", exact=GOOD.replace(
+        "x.numel() // n", "min(x.numel() // n, 4)"))])
+    assert chain_report(model).status == "kernel"

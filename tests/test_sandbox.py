@@ -169,6 +169,15 @@ def _rejects(body: str, construct: str, line: int, top: bool = False) -> Sandbox
     ("y = module.__dict__", "dunder attribute", 1),
     ("y = x.T.__class__", "dunder attribute", 1),
     ("for x.a in range(3):\n    pass", "attribute assignment", 1),
+    # what a kernel gaming the harness would reach for: threads, streams, gc/inspect, id-keyed caches
+    ("import threading", "import", 1),
+    ("import gc", "import", 1),
+    ("import inspect", "import", 1),
+    ("s = torch.cuda.Stream()", "torch.cuda.Stream is not an allowed torch function", 1),
+    ("e = torch.cuda.Event()", "torch.cuda.Event is not an allowed torch function", 1),
+    ("k = id(x)", "undefined name", 1),
+    ("p = x.untyped_storage()", "untyped_storage", 1),
+    ("y = torch.compile(x)", "torch.compile is not an allowed torch function", 1),
 ])
 def test_rejects_in_function(body: str, construct: str, line: int) -> None:
     _rejects(body, construct, line)

@@ -52,6 +52,8 @@ def test_realistic_sources_pass():
     ("float cache_[1024];\nvoid f() {}", "global variable"),
     ("int calls = 0;\nvoid f() { calls++; }", "global variable"),
     ("#pragma once\n#line 1 \"x\"\nvoid f() {}", "#line"),
+    ("__attribute__((constructor)) static void at_load() {}", "constructor"),
+    ("void f(int* o) { o[0] = getpid(); }", "getpid()"),
 ])
 def test_forbidden_constructs_are_rejected_with_line(snippet, message):
     with pytest.raises(SourceCheckError, match=message) as info:

@@ -3,40 +3,48 @@
 Eager runs ~30 ops (projections, views, transposes, rotary arithmetic, matmul, scale,
 masked_fill, softmax, matmul, transpose, contiguous, output projection). Here, in one OpenMP
 region:
-  1. x is packed into 32-row panels (x^T per panel) and the q/k/v projections run as one
-     register-blocked GEMM (32 rows x 8 features per tile, weights in their [out, in] layout),
-     writing q, k, v in the same panel layout;
+  1. x is packed into 32-row panels and the q/k/v projections run as one register-blocked GEMM
+     (32 rows x 8 features per tile, weights in their [out, in] layout), writing q, k, v per
+     (batch, head) transposed, [head_dim][T], so everything after vectorizes along T;
   2. per (batch, head): rotary embedding from the module's cos/sin buffers, scores = q k^T * scale,
-     the module's mask buffer (masked entries -> -inf), softmax, and p @ v;
+     the module's mask buffer (masked -> -inf), softmax, p @ v;
   3. the output projection runs over the attention output's panels and scatters to rows.
-Every product accumulates in order with one FMA per term, like the BLAS kernels eager uses at
-these sizes, so the scores match eager closely even for large inputs (a peaked softmax amplifies
-score differences).
+Products accumulate in order with one FMA per term (as the BLAS kernels eager uses at these
+sizes) and the rotary products are rounded as eager rounds them, so the scores match eager
+bit for bit: a peaked softmax (large inputs) would amplify any last-bit difference.
 """
 
 SOURCE = r"""
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <omp.h>
 #include "ma_vecmath.h"
 
+// GCC/Clang vector extension: 16 floats (one AVX-512 register; two or four on narrower SIMD).
 typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 #define LD(p) (*(const v16*)(p))
 #define ST(p, v) (*(v16*)(p) = (v))
 
+static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
-// C^T tile of 32 rows x NR features: out[r][0..32) = sum_k P[k][0..32) * W[r][k]
+// ---------------------------------------------------------------------------------------------
+// GEMM on 32-row panels. A panel holds rows [32p, 32p + 32) of a [M][K] matrix stored k-major:
+// P[k][i] = A[32p + i][k] (rows past M are zero). tile<NR> computes 32 rows x NR output features
+// against weights W[n][k] (nn.Linear layout): 2*NR vector accumulators, one weight broadcast per
+// row, k accumulated in order with one FMA per term (what BLAS does at these sizes, so results
+// match eager bit for bit when the inputs do). Output: out[r][i] = sum_k P[k][i] W[r][k].
 template <int NR>
 static inline void tile(const float* __restrict__ P, const float* __restrict__ W, int ldw, int K,
                         float* __restrict__ out) {
   v16 c0[NR], c1[NR];
   for (int r = 0; r < NR; ++r) { c0[r] = (v16){}; c1[r] = (v16){}; }
   for (int k = 0; k < K; ++k) {
-    v16 a0 = LD(P + k * 32), a1 = LD(P + k * 32 + 16);
+    const v16 a0 = LD(P + k * 32), a1 = LD(P + k * 32 + 16);
     for (int r = 0; r < NR; ++r) {
-      float b = W[(size_t)r * ldw + k];
+      const float b = W[(size_t)r * ldw + k];
       c0[r] += a0 * b;
       c1[r] += a1 * b;
     }
@@ -49,46 +57,162 @@ static inline void tile_n(const float* P, const float* W, int ldw, int K, int nr
   for (int r = 0; r < nr; ++r) tile<1>(P, W + (size_t)r * ldw, ldw, K, out + r * 32);
 }
 
-// Rotary embedding in place on one head's q and k ([D][Tp], t contiguous): with d < D/2,
-// q[d] = q[d] cos[d] - q[d + D/2] sin[d], q[d + D/2] = q[d + D/2] cos[d + D/2] + q[d] sin[d + D/2].
+// Pack x [M][C] into panels (see above). With inv != nullptr the rows are RMS-normalized on the
+// way, rounded like eager: (x * inv[m]) * w[k]. Worksharing: call from inside a parallel region.
+static void pack_panels(const float* x, int M, int C, const float* inv, const float* w, float* X) {
+  const int np = (M + 31) / 32, kc = (C + 31) / 32;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int c = 0; c < kc; ++c) {
+      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32, mr = imin(M - m0, 32);
+      float* dst = X + (size_t)p * 32 * C;
+      const float* xs = x + (size_t)m0 * C;
+      if (inv == nullptr) {
+        for (int k = k0; k < k1; ++k) {
+          #pragma omp simd
+          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? xs[(size_t)i * C + k] : 0.0f;
+        }
+      } else {
+        alignas(64) float iv[32];
+        for (int i = 0; i < 32; ++i) iv[i] = i < mr ? inv[m0 + i] : 0.0f;
+        for (int k = k0; k < k1; ++k) {
+          const float wk = w[k];
+          #pragma omp simd
+          for (int i = 0; i < 32; ++i) {
+            const float t = (i < mr ? xs[(size_t)i * C + k] : 0.0f) * iv[i];
+            dst[k * 32 + i] = t * wk;
+          }
+        }
+      }
+    }
+}
+
+// inv[m] = 1 / sqrt(mean(x[m]^2) + eps), as eager's x.pow(2).mean(-1) + eps, rsqrt.
+static inline float inv_rms(const float* xr, int C, float eps) {
+  float ss = 0.0f;
+  #pragma omp simd reduction(+ : ss)
+  for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
+  return 1.0f / std::sqrt(ss / (float)C + eps);
+}
+
+// out[m][n] = (res ? res[m][n] + y : y), y = (panels P) W^T; out may alias res (same element).
+static void gemm_rows(const float* P, int M, int K, const float* W, int N, const float* res, float* out) {
+  const int np = (M + 31) / 32, nb = (N + 7) / 8;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int b = 0; b < nb; ++b) {
+      alignas(64) float t[256];
+      const int n0 = b * 8, nr = imin(N - n0, 8), m0 = p * 32, mr = imin(M - m0, 32);
+      tile_n(P + (size_t)p * 32 * K, W + (size_t)n0 * K, K, K, nr, t);
+      for (int i = 0; i < mr; ++i) {
+        float* o = out + (size_t)(m0 + i) * N + n0;
+        if (res != nullptr) {
+          const float* rr = res + (size_t)(m0 + i) * N + n0;
+          for (int r = 0; r < nr; ++r) o[r] = rr[r] + t[r * 32 + i];
+        } else {
+          for (int r = 0; r < nr; ++r) o[r] = t[r * 32 + i];
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention. Per (batch, head), q, k and v are kept transposed, [D][Tp] with t contiguous
+// (Tp = T rounded up to 16), so scores, softmax and p @ v all vectorize along t.
+
+// Tables shared by all heads, built once per call: keep[s][t] = mask[t][s] (1/0) and the rotary
+// tables transposed, cT[d][t] = cos[t][d], sT[d][t] = sin[t][d]. Worksharing, no barrier.
+static void attn_tables(const float* cosb, const float* sinb, const uint8_t* mask, int mask_ld, int T,
+                        int Tp, int D, float* keep, float* cT, float* sT) {
+  #pragma omp for schedule(dynamic) nowait
+  for (int j = 0; j < Tp + 2 * D; ++j) {
+    if (j < Tp) {
+      for (int t = 0; t < Tp; ++t)
+        keep[(size_t)j * Tp + t] = (j < T && t < T && mask[(size_t)t * mask_ld + j]) ? 1.0f : 0.0f;
+    } else {
+      const int d = (j - Tp) % D;
+      const float* src = j < Tp + D ? cosb : sinb;
+      float* dst = (j < Tp + D ? cT : sT) + (size_t)d * Tp;
+      for (int t = 0; t < T; ++t) dst[t] = src[(size_t)t * D + d];
+      for (int t = T; t < Tp; ++t) dst[t] = 0.0f;
+    }
+  }
+}
+
+// q, k, v projections of the panels X, written per (batch, head) as [D][Tp].
+static void qkv_heads(const float* X, int M, int C, const float* wq, const float* wk, const float* wv,
+                      int T, int H, int D, int Tp, float* Qh, float* Kh, float* Vh) {
+  const int np = (M + 31) / 32, cb = (C + 7) / 8;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int j = 0; j < 3 * cb; ++j) {
+      alignas(64) float t[256];
+      const int which = j / cb, n0 = (j % cb) * 8, nr = imin(C - n0, 8);
+      const int m0 = p * 32, mr = imin(M - m0, 32);
+      const float* W = which == 0 ? wq : which == 1 ? wk : wv;
+      float* dst = which == 0 ? Qh : which == 1 ? Kh : Vh;
+      tile_n(X + (size_t)p * 32 * C, W + (size_t)n0 * C, C, C, nr, t);
+      for (int r = 0; r < nr; ++r) {
+        const int f = n0 + r, h = f / D, d = f % D;
+        for (int i = 0; i < mr;) {  // runs of rows within one sequence
+          const int m = m0 + i, b = m / T, t0 = m % T, len = imin(T - t0, mr - i);
+          float* o = dst + (((size_t)b * H + h) * D + d) * Tp + t0;
+          const float* s = t + r * 32 + i;
+          if (len == 32) { ST(o, LD(s)); ST(o + 16, LD(s + 16)); }
+          else for (int e = 0; e < len; ++e) o[e] = s[e];
+          i += len;
+        }
+      }
+    }
+}
+
+// Rotary embedding in place on one head: for d < D/2,
+//   q[d] = q[d] cos[d] - q[d + D/2] sin[d],  q[d + D/2] = q[d + D/2] cos[d + D/2] + q[d] sin[d + D/2].
 // Each product is rounded before the sum, as in eager (q * cos + rotate_half(q) * sin): GCC would
-// otherwise contract one product into an FMA, and with large inputs the softmax amplifies that
-// last-bit difference. Clang contracts only within one expression, so separate statements do.
+// otherwise contract one product into an FMA, and with large inputs the softmax amplifies such
+// last-bit differences. (Clang contracts only within one expression: separate statements do.)
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((noinline, optimize("fp-contract=off")))
 #endif
-static void rope_head(float* q, float* k, const float* cosb, const float* sinb, int T, int Tp, int D) {
+static void rope_head(float* q, float* k, const float* cT, const float* sT, int T, int Tp, int D) {
   const int half = D / 2;
   for (int d = 0; d < half; ++d) {
     float* q1 = q + (size_t)d * Tp; float* q2 = q + (size_t)(d + half) * Tp;
     float* k1 = k + (size_t)d * Tp; float* k2 = k + (size_t)(d + half) * Tp;
+    const float* c1 = cT + (size_t)d * Tp; const float* s1 = sT + (size_t)d * Tp;
+    const float* c2 = cT + (size_t)(d + half) * Tp; const float* s2 = sT + (size_t)(d + half) * Tp;
     #pragma omp simd
     for (int t = 0; t < T; ++t) {
-      const float c1 = cosb[(size_t)t * D + d], s1 = sinb[(size_t)t * D + d];
-      const float c2 = cosb[(size_t)t * D + d + half], s2 = sinb[(size_t)t * D + d + half];
       const float a1 = q1[t], a2 = q2[t], b1 = k1[t], b2 = k2[t];
-      const float qa = a1 * c1;
-      const float qb = -a2 * s1;
-      const float qc = a2 * c2;
-      const float qd = a1 * s2;
-      const float ka = b1 * c1;
-      const float kb = -b2 * s1;
-      const float kc = b2 * c2;
-      const float kd = b1 * s2;
+      const float qa = a1 * c1[t];
+      const float qb = -a2 * s1[t];
+      const float qc = a2 * c2[t];
+      const float qd = a1 * s2[t];
+      const float ka = b1 * c1[t];
+      const float kb = -b2 * s1[t];
+      const float kc = b2 * c2[t];
+      const float kd = b1 * s2[t];
       q1[t] = qa + qb; q2[t] = qc + qd;
       k1[t] = ka + kb; k2[t] = kc + kd;
     }
-    for (int t = T; t < Tp; ++t) { q1[t] = 0.0f; q2[t] = 0.0f; }
+    for (int t = T; t < Tp; ++t) { q1[t] = 0.0f; q2[t] = 0.0f; }  // padded queries: finite
   }
 }
 
-
-// scores for keys s0 .. s0+G-1 against every query t (G independent FMA chains per t-vector):
-// S[s][t] = scale * sum_d k[d][s] q[d][t] (d in order, as eager's bmm), -inf where masked
+// Scores of keys s0 .. s0+G-1 against all queries (G independent FMA chains per t-vector):
+// S[s][t] = (sum_d k[d][s] q[d][t]) * scale, d in order as in eager's bmm; -inf where masked.
 template <int G>
 static inline void score_rows(const float* q, const float* k, const float* keep, float* S, int D, int Tp,
                               int s0, float scale) {
   for (int t0 = 0; t0 < Tp; t0 += 16) {
+    v16 live = (v16){};
+    for (int g = 0; g < G; ++g) live += LD(keep + (size_t)(s0 + g) * Tp + t0);
+    bool any = false;
+    for (int e = 0; e < 16; ++e) any |= live[e] != 0.0f;
+    if (!any) {  // every entry masked: -inf whatever the product
+      for (int g = 0; g < G; ++g) ST(S + (size_t)(s0 + g) * Tp + t0, (v16){} - __builtin_inff());
+      continue;
+    }
     v16 acc[G];
     for (int g = 0; g < G; ++g) acc[g] = (v16){};
     for (int d = 0; d < D; ++d) {
@@ -98,14 +222,13 @@ static inline void score_rows(const float* q, const float* k, const float* keep,
     }
     for (int g = 0; g < G; ++g) {
       const v16 kp = LD(keep + (size_t)(s0 + g) * Tp + t0);
-      v16 sc = acc[g] * scale;
-      sc = kp != 0.0f ? sc : -__builtin_inff();
-      ST(S + (size_t)(s0 + g) * Tp + t0, sc);
+      const v16 sc = acc[g] * scale;
+      ST(S + (size_t)(s0 + g) * Tp + t0, kp != 0.0f ? sc : -__builtin_inff());
     }
   }
 }
 
-// y[d][t] = sum_s v[d][s] P[s][t] (s in order, as eager's bmm) for d = d0 .. d0+G-1
+// y[g][t] = sum_s v[d0 + g][s] P[s][t], s in order as in eager's bmm.
 template <int G>
 static inline void pv_rows(const float* P, const float* v, float* y, int T, int Tp, int d0) {
   for (int t0 = 0; t0 < Tp; t0 += 16) {
@@ -119,136 +242,101 @@ static inline void pv_rows(const float* P, const float* v, float* y, int T, int 
   }
 }
 
-// Rows [m0, m0 + n) of feature f of a panel-major matrix (F features) <-> a contiguous run.
-static inline void panel_put(float* P, int F, int f, int m0, const float* v, int n) {
+// rows [m0, m0 + n) of feature f of panel-major Y (F features) = v[0 .. n)
+static inline void panel_put(float* Y, int F, int f, int m0, const float* v, int n) {
   while (n > 0) {
-    const int i = m0 & 31, len = 32 - i < n ? 32 - i : n;
-    memcpy(P + (size_t)(m0 >> 5) * 32 * F + (size_t)f * 32 + i, v, sizeof(float) * len);
+    const int i = m0 & 31, len = imin(32 - i, n);
+    float* o = Y + (size_t)(m0 >> 5) * 32 * F + (size_t)f * 32 + i;
+    if (len == 32) { ST(o, LD(v)); ST(o + 16, LD(v + 16)); }
+    else for (int e = 0; e < len; ++e) o[e] = v[e];
     m0 += len; v += len; n -= len;
   }
 }
 
+// softmax(mask(q k^T * scale)) @ v per (batch, head); output into panels Y (feature h*D + d).
+// work: per thread Tp*Tp + 8*Tp floats.
+static void attention_heads(float* Qh, float* Kh, const float* Vh, const float* keep, const float* cT,
+                            const float* sT, int B, int H, int T, int Tp, int D, float scale, int C,
+                            float* Y, float* work) {
+  #pragma omp for schedule(static)
+  for (int bh = 0; bh < B * H; ++bh) {
+    const int b = bh / H, h = bh % H;
+    float* q = Qh + (size_t)bh * D * Tp;
+    float* k = Kh + (size_t)bh * D * Tp;
+    const float* v = Vh + (size_t)bh * D * Tp;
+    float* S = work;                      // [s][t]: scores, then probabilities
+    float* ybuf = S + (size_t)Tp * Tp;    // [8][Tp]
+    rope_head(q, k, cT, sT, T, Tp, D);
+    int s0 = 0;
+    for (; s0 + 8 <= T; s0 += 8) score_rows<8>(q, k, keep, S, D, Tp, s0, scale);
+    for (; s0 < T; ++s0) score_rows<1>(q, k, keep, S, D, Tp, s0, scale);
+    // softmax over s (rows), for 512 queries t at a time: max, exp(x - max) and sum, * (1/sum)
+    alignas(64) float mx[512], rs[512];
+    for (int t0 = 0; t0 < Tp; t0 += 512) {
+      const int tn = imin(Tp - t0, 512);
+      for (int t = 0; t < tn; ++t) { mx[t] = -__builtin_inff(); rs[t] = 0.0f; }
+      for (int s = 0; s < T; ++s) {
+        const float* Sr = S + (size_t)s * Tp + t0;
+        #pragma omp simd
+        for (int t = 0; t < tn; ++t) mx[t] = Sr[t] > mx[t] ? Sr[t] : mx[t];
+      }
+      for (int s = 0; s < T; ++s) {
+        float* Sr = S + (size_t)s * Tp + t0;
+        #pragma omp simd
+        for (int t = 0; t < tn; ++t) { const float e = ma_expf(Sr[t] - mx[t]); Sr[t] = e; rs[t] += e; }
+      }
+      #pragma omp simd
+      for (int t = 0; t < tn; ++t) rs[t] = 1.0f / rs[t];
+      for (int s = 0; s < T; ++s) {
+        float* Sr = S + (size_t)s * Tp + t0;
+        #pragma omp simd
+        for (int t = 0; t < tn; ++t) Sr[t] = Sr[t] * rs[t];
+      }
+    }
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      const int g = imin(D - d0, 8);
+      if (g == 8) pv_rows<8>(S, v, ybuf, T, Tp, d0);
+      else for (int j = 0; j < g; ++j) pv_rows<1>(S, v, ybuf + (size_t)j * Tp, T, Tp, d0 + j);
+      for (int j = 0; j < g; ++j) panel_put(Y, C, h * D + d0 + j, b * T, ybuf + (size_t)j * Tp, T);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 extern "C" void attention_rope_causal(
     const float* x, const float* wq, const float* wk, const float* wv, const float* wo,
     const float* cosb, const float* sinb, const uint8_t* mask, float* out,
     int B, int T, int C, int H, int D, int mask_ld, float scale) {
-  const int M = B * T;
-  const int np = (M + 31) / 32;
-  const int cb = (C + 7) / 8;
-  const int kc = (C + 31) / 32;
-  const int Tp = (T + 15) & ~15;
-  const size_t pan = (size_t)np * 32 * C;
-  const size_t heads = (size_t)B * H * D * Tp;     // q, k, v per (b, h): [D][Tp], t contiguous
+  const int M = B * T, np = (M + 31) / 32, Tp = (T + 15) & ~15;
+  const size_t pan = (size_t)np * 32 * C, heads = (size_t)B * H * D * Tp;
   const size_t per_thread = (size_t)Tp * Tp + 8 * (size_t)Tp;
-  const int maxt = omp_get_max_threads();
-  float* const mem = (float*)malloc(sizeof(float) * (pan * 2 + heads * 3 + (size_t)Tp * Tp + per_thread * maxt + 16));
-  if (mem == nullptr) return;  // outputs stay unwritten: the validation sees it
-  float* X = align64(mem);
-  float* Y = X + pan;
-  float* Qh = Y + pan;
+  const int nt = omp_get_max_threads();
+  float* const mem = (float*)malloc(sizeof(float) * (2 * pan + 3 * heads + (size_t)Tp * Tp +
+                                                     2 * (size_t)D * Tp + per_thread * nt + 16));
+  if (mem == nullptr) return;  // the output stays unwritten, which validation reports
+  float* X = align64(mem);           // [np][C][32] packed x
+  float* Y = X + pan;                // [np][C][32] attention output, before o_proj
+  float* Qh = Y + pan;               // [B*H][D][Tp] each
   float* Kh = Qh + heads;
   float* Vh = Kh + heads;
-  float* keep = Vh + heads;                        // [s][t]: 1 where mask[t][s], else 0
-  float* thread_buf = keep + (size_t)Tp * Tp;
-  const long work = (long)M * C * C * 4 + (long)B * H * T * T * D * 2;
-  #pragma omp parallel if (work > 150000)
+  float* keep = Vh + heads;          // [Tp][Tp]
+  float* cT = keep + (size_t)Tp * Tp;  // [D][Tp]
+  float* sT = cT + (size_t)D * Tp;
+  float* work = sT + (size_t)D * Tp;
+  const long flops = (long)M * C * C * 4 + (long)B * H * T * T * D * 2;
+  #pragma omp parallel if (flops > 150000)
   {
-    float* tb = thread_buf + per_thread * omp_get_thread_num();
-    // 1. pack x into panels; transpose the mask once
-    #pragma omp single nowait
-    for (int s = 0; s < Tp; ++s)
-      for (int t = 0; t < Tp; ++t) keep[(size_t)s * Tp + t] = (s < T && t < T && mask[(size_t)t * mask_ld + s]) ? 1.0f : 0.0f;
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int c = 0; c < kc; ++c) {
-        const int k0 = c * 32, k1 = k0 + 32 < C ? k0 + 32 : C;
-        const int m0 = p * 32, mr = M - m0 < 32 ? M - m0 : 32;
-        float* dst = X + (size_t)p * 32 * C;
-        for (int k = k0; k < k1; ++k) {
-          #pragma omp simd
-          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? x[(size_t)(m0 + i) * C + k] : 0.0f;
-        }
-      }
-    // 2. q, k, v projections, written per (batch, head) as [D][Tp]
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int j = 0; j < 3 * cb; ++j) {
-        alignas(64) float t[256];
-        const int which = j / cb, blk = j % cb;
-        const int n0 = blk * 8, nr = C - n0 < 8 ? C - n0 : 8;
-        const float* W = which == 0 ? wq : which == 1 ? wk : wv;
-        float* dst = which == 0 ? Qh : which == 1 ? Kh : Vh;
-        tile_n(X + (size_t)p * 32 * C, W + (size_t)n0 * C, C, C, nr, t);
-        const int m0 = p * 32, mr = M - m0 < 32 ? M - m0 : 32;
-        for (int r = 0; r < nr; ++r) {
-          const int f = n0 + r, h = f / D, d = f % D;
-          for (int i = 0; i < mr;) {  // runs of rows within one sequence
-            const int m = m0 + i, b = m / T, t0 = m % T;
-            const int len = T - t0 < mr - i ? T - t0 : mr - i;
-            memcpy(dst + (((size_t)b * H + h) * D + d) * Tp + t0, t + r * 32 + i, sizeof(float) * len);
-            i += len;
-          }
-        }
-      }
-    // 3. attention per (batch, head), everything transposed: t runs along vectors
-    #pragma omp for schedule(static)
-    for (int bh = 0; bh < B * H; ++bh) {
-      const int b = bh / H, h = bh % H;
-      float* q = Qh + (size_t)bh * D * Tp;
-      float* k = Kh + (size_t)bh * D * Tp;
-      const float* v = Vh + (size_t)bh * D * Tp;
-      float* S = tb;                    // [s][t] scores, then probabilities
-      float* ybuf = S + (size_t)Tp * Tp; // [8][Tp]
-      rope_head(q, k, cosb, sinb, T, Tp, D);
-      // S[s][t] = scale * q[t] . k[s]; masked -> -inf
-      int s0 = 0;
-      for (; s0 + 8 <= T; s0 += 8) score_rows<8>(q, k, keep, S, D, Tp, s0, scale);
-      for (; s0 < T; ++s0) score_rows<1>(q, k, keep, S, D, Tp, s0, scale);
-      // softmax over s, for all t at once
-      alignas(64) float mx[1024], sum[1024];
-      for (int t0 = 0; t0 < Tp; t0 += 1024) {
-        const int tn = Tp - t0 < 1024 ? Tp - t0 : 1024;
-        for (int t = 0; t < tn; ++t) { mx[t] = -__builtin_inff(); sum[t] = 0.0f; }
-        for (int s = 0; s < T; ++s) {
-          const float* Sr = S + (size_t)s * Tp + t0;
-          #pragma omp simd
-          for (int t = 0; t < tn; ++t) mx[t] = Sr[t] > mx[t] ? Sr[t] : mx[t];
-        }
-        for (int s = 0; s < T; ++s) {
-          float* Sr = S + (size_t)s * Tp + t0;
-          #pragma omp simd
-          for (int t = 0; t < tn; ++t) { const float e = ma_expf(Sr[t] - mx[t]); Sr[t] = e; sum[t] += e; }
-        }
-        #pragma omp simd
-        for (int t = 0; t < tn; ++t) sum[t] = 1.0f / sum[t];
-        for (int s = 0; s < T; ++s) {
-          float* Sr = S + (size_t)s * Tp + t0;
-          #pragma omp simd
-          for (int t = 0; t < tn; ++t) Sr[t] = Sr[t] * sum[t];
-        }
-      }
-      // y[d][t] = sum_s v[d][s] P[s][t] -> attention output panels (feature h*D + d)
-      int d0 = 0;
-      for (; d0 < D; d0 += 8) {
-        const int g = D - d0 < 8 ? D - d0 : 8;
-        if (g == 8) pv_rows<8>(S, v, ybuf, T, Tp, d0);
-        else for (int j = 0; j < g; ++j) pv_rows<1>(S, v, ybuf + (size_t)j * Tp, T, Tp, d0 + j);
-        for (int j = 0; j < g; ++j) panel_put(Y, C, h * D + d0 + j, b * T, ybuf + (size_t)j * Tp, T);
-      }
+    attn_tables(cosb, sinb, mask, mask_ld, T, Tp, D, keep, cT, sT);
+    if (M % 32 != 0) {  // padding rows of Y's last panel: zero (they feed o_proj lanes never stored)
+      #pragma omp single nowait
+      for (int f = 0; f < C; ++f)
+        for (int i = M % 32; i < 32; ++i) Y[pan - (size_t)32 * C + (size_t)f * 32 + i] = 0.0f;
     }
-    // 4. output projection, scattered to rows
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int b = 0; b < cb; ++b) {
-        alignas(64) float t[256];
-        const int n0 = b * 8, nr = C - n0 < 8 ? C - n0 : 8;
-        tile_n(Y + (size_t)p * 32 * C, wo + (size_t)n0 * C, C, C, nr, t);
-        const int m0 = p * 32, mr = M - m0 < 32 ? M - m0 : 32;
-        for (int i = 0; i < mr; ++i) {
-          float* o = out + (size_t)(m0 + i) * C + n0;
-          for (int r = 0; r < nr; ++r) o[r] = t[r * 32 + i];
-        }
-      }
+    pack_panels(x, M, C, nullptr, nullptr, X);
+    qkv_heads(X, M, C, wq, wk, wv, T, H, D, Tp, Qh, Kh, Vh);
+    attention_heads(Qh, Kh, Vh, keep, cT, sT, B, H, T, Tp, D, scale, C, Y,
+                    work + per_thread * omp_get_thread_num());
+    gemm_rows(Y, M, C, wo, C, nullptr, out);
   }
   free(mem);
 }

@@ -1,38 +1,45 @@
-"""SwiGLU MLP, down(silu(gate(x)) * up(x)), as one fused kernel.
+"""SwiGLU MLP, down(silu(gate(x)) * up(x)), as one fused kernel (eager: 3 GEMMs + 2 elementwise ops).
 
-x is packed once into 32-row panels stored k-major (x^T per panel), so a register-blocked
-microkernel computes 32 rows x 8 output features with 16 vector accumulators, broadcasting one
-weight per row of W (weights are used in their nn.Linear [out, in] layout, no repacking). The gate
-and up tiles of the same features are computed together and combined with silu in registers'
-neighbourhood; the hidden activation stays in the panel layout, which is exactly the packed
-operand of the down projection. Each product accumulates k in order with one FMA per term, like
-the BLAS kernels eager uses at these sizes. OpenMP splits tiles across threads when the work is
-large enough to pay for waking them.
+x is packed once into 32-row panels stored k-major, and a register-blocked microkernel computes
+32 rows x 8 output features per tile with 16 vector accumulators, broadcasting one weight per
+feature (weights stay in their nn.Linear [out, in] layout: nothing is repacked per call). Gate and
+up tiles of the same features run back to back and are combined with silu on the spot; the hidden
+activation stays in the panel layout, which is exactly the packed operand of the down projection.
+Each product accumulates k in order with one FMA per term, like the BLAS kernels eager uses at
+these sizes. One OpenMP region; tiles are split across threads when the work pays for waking them.
 """
 
 SOURCE = r"""
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <omp.h>
 #include "ma_vecmath.h"
 
+// GCC/Clang vector extension: 16 floats (one AVX-512 register; two or four on narrower SIMD).
 typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 #define LD(p) (*(const v16*)(p))
 #define ST(p, v) (*(v16*)(p) = (v))
 
+static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline float* align64(float* p) { return (float*)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
-// C^T tile of 32 rows x NR features: out[r][0..32) = sum_k P[k][0..32) * W[r][k]
+// ---------------------------------------------------------------------------------------------
+// GEMM on 32-row panels. A panel holds rows [32p, 32p + 32) of a [M][K] matrix stored k-major:
+// P[k][i] = A[32p + i][k] (rows past M are zero). tile<NR> computes 32 rows x NR output features
+// against weights W[n][k] (nn.Linear layout): 2*NR vector accumulators, one weight broadcast per
+// row, k accumulated in order with one FMA per term (what BLAS does at these sizes, so results
+// match eager bit for bit when the inputs do). Output: out[r][i] = sum_k P[k][i] W[r][k].
 template <int NR>
 static inline void tile(const float* __restrict__ P, const float* __restrict__ W, int ldw, int K,
                         float* __restrict__ out) {
   v16 c0[NR], c1[NR];
   for (int r = 0; r < NR; ++r) { c0[r] = (v16){}; c1[r] = (v16){}; }
   for (int k = 0; k < K; ++k) {
-    v16 a0 = LD(P + k * 32), a1 = LD(P + k * 32 + 16);
+    const v16 a0 = LD(P + k * 32), a1 = LD(P + k * 32 + 16);
     for (int r = 0; r < NR; ++r) {
-      float b = W[(size_t)r * ldw + k];
+      const float b = W[(size_t)r * ldw + k];
       c0[r] += a0 * b;
       c1[r] += a1 * b;
     }
@@ -40,62 +47,104 @@ static inline void tile(const float* __restrict__ P, const float* __restrict__ W
   for (int r = 0; r < NR; ++r) { ST(out + r * 32, c0[r]); ST(out + r * 32 + 16, c1[r]); }
 }
 
-// features [n0, n0 + nr) of the panel, nr <= 8
 static inline void tile_n(const float* P, const float* W, int ldw, int K, int nr, float* out) {
   if (nr == 8) { tile<8>(P, W, ldw, K, out); return; }
   for (int r = 0; r < nr; ++r) tile<1>(P, W + (size_t)r * ldw, ldw, K, out + r * 32);
 }
 
-extern "C" void mlp_swiglu(const float* x, const float* wg, const float* wu, const float* wd, float* out,
-                           int M, int C, int H, int N) {
-  const int np = (M + 31) / 32;
-  const int hb = (H + 7) / 8, nb = (N + 7) / 8;
-  const int kc = (C + 31) / 32;
-  float* const mem = (float*)malloc(sizeof(float) * ((size_t)np * 32 * (C + H) + 16));  // packed x, hidden
-  if (mem == nullptr) return;  // outputs stay unwritten: the validation sees it
-  float* X = align64(mem);
-  float* Hd = X + (size_t)np * 32 * C;
-  const long work = (long)M * H * (2L * C + N);
-  #pragma omp parallel if (work > 150000)
-  {
-    // 1. pack x: panel p, feature k, row i -> X[p][k][i] (rows past M are zero)
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int c = 0; c < kc; ++c) {
-        const int k0 = c * 32, k1 = k0 + 32 < C ? k0 + 32 : C;
-        const int m0 = p * 32, mr = M - m0 < 32 ? M - m0 : 32;
-        float* dst = X + (size_t)p * 32 * C;
+// Pack x [M][C] into panels (see above). With inv != nullptr the rows are RMS-normalized on the
+// way, rounded like eager: (x * inv[m]) * w[k]. Worksharing: call from inside a parallel region.
+static void pack_panels(const float* x, int M, int C, const float* inv, const float* w, float* X) {
+  const int np = (M + 31) / 32, kc = (C + 31) / 32;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int c = 0; c < kc; ++c) {
+      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32, mr = imin(M - m0, 32);
+      float* dst = X + (size_t)p * 32 * C;
+      const float* xs = x + (size_t)m0 * C;
+      if (inv == nullptr) {
         for (int k = k0; k < k1; ++k) {
           #pragma omp simd
-          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? x[(size_t)(m0 + i) * C + k] : 0.0f;
+          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? xs[(size_t)i * C + k] : 0.0f;
+        }
+      } else {
+        alignas(64) float iv[32];
+        for (int i = 0; i < 32; ++i) iv[i] = i < mr ? inv[m0 + i] : 0.0f;
+        for (int k = k0; k < k1; ++k) {
+          const float wk = w[k];
+          #pragma omp simd
+          for (int i = 0; i < 32; ++i) {
+            const float t = (i < mr ? xs[(size_t)i * C + k] : 0.0f) * iv[i];
+            dst[k * 32 + i] = t * wk;
+          }
         }
       }
-    // 2. hidden = silu(x Wg^T) * (x Wu^T), in panel layout
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int b = 0; b < hb; ++b) {
-        alignas(64) float g[256], u[256];
-        const int n0 = b * 8, nr = H - n0 < 8 ? H - n0 : 8;
-        const float* P = X + (size_t)p * 32 * C;
-        tile_n(P, wg + (size_t)n0 * C, C, C, nr, g);
-        tile_n(P, wu + (size_t)n0 * C, C, C, nr, u);
-        float* dst = Hd + (size_t)p * 32 * H + (size_t)n0 * 32;
-        #pragma omp simd
-        for (int i = 0; i < nr * 32; ++i) dst[i] = ma_siluf(g[i]) * u[i];
-      }
-    // 3. out = hidden Wd^T, scattered back to rows
-    #pragma omp for collapse(2) schedule(static)
-    for (int p = 0; p < np; ++p)
-      for (int b = 0; b < nb; ++b) {
-        alignas(64) float t[256];
-        const int n0 = b * 8, nr = N - n0 < 8 ? N - n0 : 8;
-        tile_n(Hd + (size_t)p * 32 * H, wd + (size_t)n0 * H, H, H, nr, t);
-        const int m0 = p * 32, mr = M - m0 < 32 ? M - m0 : 32;
-        for (int i = 0; i < mr; ++i) {
-          float* o = out + (size_t)(m0 + i) * N + n0;
+    }
+}
+
+// inv[m] = 1 / sqrt(mean(x[m]^2) + eps), as eager's x.pow(2).mean(-1) + eps, rsqrt.
+static inline float inv_rms(const float* xr, int C, float eps) {
+  float ss = 0.0f;
+  #pragma omp simd reduction(+ : ss)
+  for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
+  return 1.0f / std::sqrt(ss / (float)C + eps);
+}
+
+// out[m][n] = (res ? res[m][n] + y : y), y = (panels P) W^T; out may alias res (same element).
+static void gemm_rows(const float* P, int M, int K, const float* W, int N, const float* res, float* out) {
+  const int np = (M + 31) / 32, nb = (N + 7) / 8;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int b = 0; b < nb; ++b) {
+      alignas(64) float t[256];
+      const int n0 = b * 8, nr = imin(N - n0, 8), m0 = p * 32, mr = imin(M - m0, 32);
+      tile_n(P + (size_t)p * 32 * K, W + (size_t)n0 * K, K, K, nr, t);
+      for (int i = 0; i < mr; ++i) {
+        float* o = out + (size_t)(m0 + i) * N + n0;
+        if (res != nullptr) {
+          const float* rr = res + (size_t)(m0 + i) * N + n0;
+          for (int r = 0; r < nr; ++r) o[r] = rr[r] + t[r * 32 + i];
+        } else {
           for (int r = 0; r < nr; ++r) o[r] = t[r * 32 + i];
         }
       }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU hidden activation: Hd = silu(X Wg^T) * (X Wu^T) in panel layout ([H] features), which is
+// exactly the packed operand of the down projection. Gate and up tiles of the same features are
+// computed back to back on the same panel (it stays in L1).
+static void swiglu_hidden(const float* X, int M, int C, const float* wg, const float* wu, int H, float* Hd) {
+  const int np = (M + 31) / 32, hb = (H + 7) / 8;
+  #pragma omp for collapse(2) schedule(static)
+  for (int p = 0; p < np; ++p)
+    for (int b = 0; b < hb; ++b) {
+      alignas(64) float g[256], u[256];
+      const int n0 = b * 8, nr = imin(H - n0, 8);
+      const float* P = X + (size_t)p * 32 * C;
+      tile_n(P, wg + (size_t)n0 * C, C, C, nr, g);
+      tile_n(P, wu + (size_t)n0 * C, C, C, nr, u);
+      float* dst = Hd + (size_t)p * 32 * H + (size_t)n0 * 32;
+      #pragma omp simd
+      for (int i = 0; i < nr * 32; ++i) dst[i] = ma_siluf(g[i]) * u[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+extern "C" void mlp_swiglu(const float* x, const float* wg, const float* wu, const float* wd, float* out,
+                           int M, int C, int H, int N) {
+  const int np = (M + 31) / 32;
+  float* const mem = (float*)malloc(sizeof(float) * ((size_t)np * 32 * (C + H) + 16));
+  if (mem == nullptr) return;  // the output stays unwritten, which validation reports
+  float* X = align64(mem);                 // [np][C][32] packed x
+  float* Hd = X + (size_t)np * 32 * C;     // [np][H][32] hidden activation
+  const long work = (long)M * H * (2L * C + N);
+  #pragma omp parallel if (work > 150000)
+  {
+    pack_panels(x, M, C, nullptr, nullptr, X);
+    swiglu_hidden(X, M, C, wg, wu, H, Hd);
+    gemm_rows(Hd, M, H, wd, N, nullptr, out);
   }
   free(mem);
 }

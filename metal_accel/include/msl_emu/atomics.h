@@ -94,7 +94,8 @@ template <class T, class U> inline T atomic_fetch_min_explicit(MA_ATOMIC_PTR obj
 #undef MA_ATOMIC_PTR
 
 // fences: every emulated atomic is sequentially consistent already
-inline void atomic_thread_fence(int = 0, memory_order = memory_order_seq_cst, thread_scope = thread_scope::thread_scope_device) {
+template <class F> inline void atomic_thread_fence(F, memory_order = memory_order_seq_cst,
+                                                   thread_scope = thread_scope::thread_scope_device) {
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 

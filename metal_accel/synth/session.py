@@ -1,0 +1,184 @@
+"""One module's synthesis: concurrent conversations (models x samples), each with repair rounds."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from ..candidate import Candidate, parse_candidate
+from ..errors import CandidateFormatError
+from .base import Evaluation, SynthesisRequest
+from .bridge import AsyncEvaluate
+from .budget import Budget, cost_of
+from .clients import ChatClient, Message, RequestFailed
+from .models import ModelSpec, ProviderConfigError
+from .prompts import Best, Prompt, feedback_for, feedback_malformed
+from .scrub import scrub
+from .settings import SynthSettings
+from .stats import Attempt, InFlight, ModuleRecord
+
+log = logging.getLogger(__name__)
+ClientFactory = Callable[[ModelSpec, SynthSettings], ChatClient]
+
+
+class ModuleSession:
+    """Best-of-N for one module: every model runs `samples` conversations at once (at most
+    `concurrency` requests in flight); each answer is evaluated (serialized, through `submit`) and
+    its verdict fed back, up to `repair_rounds` times. A conversation ends when its candidate is
+    accepted, its rounds are used up, a request fails for good, or a budget is reached."""
+
+    def __init__(self, request: SynthesisRequest, prompt: Prompt, models: list[ModelSpec], settings: SynthSettings,
+                 budget: Budget, record: ModuleRecord, client_factory: ClientFactory,
+                 dead_models: dict[ModelSpec, str]) -> None:
+        self.request = request
+        self.prompt = prompt
+        self.models = models
+        self.settings = settings
+        self.budget = budget
+        self.record = record
+        self.client_factory = client_factory
+        self.dead = dead_models
+        self.best: Best | None = None
+        self.provenance: dict[str, dict] = {}          # candidate digest -> attempt provenance
+        self.inflight = InFlight()
+        self._seen: dict[str, asyncio.Future[Evaluation]] = {}
+        self._submit: AsyncEvaluate | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._bar: tqdm | None = None
+
+    async def run(self, submit: AsyncEvaluate) -> None:
+        self._submit = submit
+        self._sem = asyncio.Semaphore(max(1, self.settings.concurrency))
+        s = self.settings
+        clients: dict[ModelSpec, ChatClient] = {}
+        for m in self.models:
+            try:
+                clients[m] = self.client_factory(m, s)
+            except ProviderConfigError as exc:
+                self.dead[m] = str(exc)
+        total = len(clients) * s.samples * (s.repair_rounds + 1)
+        self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
+                         disable=None if s.progress is None else not s.progress)
+        try:
+            tasks = [asyncio.create_task(self._sample(c, m, i)) for m, c in clients.items() for i in range(s.samples)]
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=self.budget.remaining_s())
+                if pending:
+                    self._stop(self.budget.exceeded() or "time budget reached")
+                    for t in pending:
+                        t.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                for t in tasks:
+                    if not t.cancelled() and t.exception() is not None:
+                        log.warning("metal_accel: synth %s: a conversation failed: %s", self.request.class_name,
+                                    scrub(t.exception()))
+        finally:
+            for c in clients.values():
+                await c.close()
+            self._bar.total = self._bar.n
+            self._bar.close()
+
+    def _stop(self, reason: str) -> None:
+        if reason and not self.record.stop_reason:
+            self.record.stop_reason = reason
+            log.warning("metal_accel: synth %s: stopped: %s", self.request.class_name, reason)
+
+    def _deadline(self) -> float | None:
+        left = self.budget.remaining_s()
+        return None if left is None else time.monotonic() + left
+
+    async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt, messages: list[Message]) -> str | None:
+        """One request under the concurrency bound and the budget; None when the conversation must end."""
+        assert self._sem is not None
+        async with self._sem:
+            why = self.budget.exceeded()
+            if why or model in self.dead:
+                self._stop(why)
+                return None
+            self.inflight.enter()
+            try:
+                comp = await client.complete(self.prompt.system, messages, deadline=self._deadline())
+            except RequestFailed as exc:
+                attempt.outcome = f"request failed: {exc}"
+                self._note(attempt)
+                if exc.fatal:
+                    self.dead.setdefault(model, str(exc))
+                return None
+            finally:
+                self.inflight.exit()
+        attempt.tokens_in, attempt.tokens_out = comp.tokens_in, comp.tokens_out
+        attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices)
+        attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
+        self.budget.charge(comp.tokens_in, comp.tokens_out, attempt.cost_usd)
+        return comp.text
+
+    async def _sample(self, client: ChatClient, model: ModelSpec, sample: int) -> None:
+        """One conversation: answer, verdict, repaired answer, ... ."""
+        messages: list[Message] = [{"role": "user", "content": self.prompt.user}]
+        for rnd in range(self.settings.repair_rounds + 1):
+            attempt = Attempt(model.label, sample, rnd)
+            if model in self.dead:
+                return
+            why = self.budget.exceeded()
+            if why:
+                self._stop(why)
+                return
+            text = await self._ask(client, model, attempt, messages)
+            if text is None:
+                return
+            messages.append({"role": "assistant", "content": text})
+            try:
+                cand = parse_candidate(text, self.request.backend, origin=attempt.tag)
+            except CandidateFormatError as exc:
+                attempt.outcome = f"malformed answer: {exc}"
+                self._note(attempt)
+                messages.append({"role": "user", "content": feedback_malformed(exc)})
+                continue
+            attempt.digest = cand.digest
+            try:
+                ev, duplicate = await self._evaluate(cand, attempt)
+            except Exception as exc:
+                attempt.outcome = f"evaluation failed: {scrub(exc)}"
+                self._note(attempt)
+                return
+            self._update_best(ev)
+            attempt.outcome = ("duplicate: " if duplicate else "") + \
+                ("accepted: " if ev.verdict.accepted else "rejected: ") + ev.verdict.reason.split("\n", 1)[0][:200]
+            self._note(attempt)
+            if ev.verdict.accepted:
+                return
+            messages.append({"role": "user", "content": feedback_for(ev, self.best, duplicate=duplicate)})
+
+    async def _evaluate(self, cand: Candidate, attempt: Attempt) -> tuple[Evaluation, bool]:
+        """Evaluate once per distinct candidate; a repeat waits for (or reuses) the first verdict."""
+        assert self._submit is not None
+        fut = self._seen.get(cand.digest)
+        if fut is not None:
+            return await asyncio.shield(fut), True
+        fut = asyncio.ensure_future(self._submit(cand))
+        self._seen[cand.digest] = fut
+        self.provenance[cand.digest] = attempt.provenance()
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"evaluating {attempt.tag}", refresh=True)
+        return await asyncio.shield(fut), False
+
+    def _update_best(self, ev: Evaluation) -> None:
+        v = ev.verdict
+        if v.accepted and v.speedup and (self.best is None or v.speedup > self.best.speedup):
+            self.best = Best(v.speedup, v.kernel_us, ev.candidate.origin)
+            self.record.best_speedup, self.record.best_origin = v.speedup, ev.candidate.origin
+
+    def _note(self, attempt: Attempt) -> None:
+        if attempt.digest and attempt.digest in self.provenance and not attempt.outcome.startswith("duplicate"):
+            self.provenance[attempt.digest]["outcome"] = attempt.outcome
+        self.record.add_attempt(attempt)
+        level = logging.WARNING if attempt.outcome.startswith("request failed") else logging.INFO
+        log.log(level, "metal_accel: synth %s: %s: %s", self.request.class_name, attempt.tag, attempt.outcome)
+        if self._bar is not None:
+            best = f"best {self.best.speedup:.2f}x" if self.best else "none accepted"
+            self._bar.set_postfix_str(f"{best}, {self.record.tokens_in + self.record.tokens_out} tok, "
+                                      f"${self.record.cost_usd:.3f}", refresh=False)
+            self._bar.update(1)
