@@ -202,5 +202,8 @@ def test_optimized_model_under_torch_compile(tmp_path):
     model, x = Net().eval(), torch.randn(4, 256)
     metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
     with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+        assert "metal_accel.k_" in explained.graphs[0].code  # the kernel is one op inside the graph
         compiled = torch.compile(model)
         torch.testing.assert_close(compiled(x), model(x))
