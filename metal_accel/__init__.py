@@ -14,6 +14,27 @@ from .synth.directory import DirectoryProvider
 
 __version__ = "0.1.0"
 
+
+def _activate_from_environment() -> None:
+    """`import metal_accel` alone: patch cached classes, and record misses if asked to."""
+    import logging
+    import os
+
+    from . import config
+    if config.disabled():
+        return
+    try:
+        from . import hook
+        hook.activate()
+        if os.environ.get("METAL_ACCEL_RECORD", "") not in ("", "0"):
+            from . import record
+            record.start_recording()
+    except Exception as exc:  # importing the library must never fail because of a cache
+        logging.getLogger(__name__).warning("metal_accel: auto-instrumentation is off: %s", exc)
+
+
+_activate_from_environment()
+
 __all__ = [
     "optimize", "restore", "explain", "load_cache",
     "OptimizeReport", "ModuleReport", "CacheEntry", "Verdict",

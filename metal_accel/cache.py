@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .candidate import Candidate
 from .errors import CacheError, MetalAccelError
 from .sandbox import check_host_code
 from .source_check import LANGUAGE_OF_BACKEND, check_kernel_source
+from .cache_index import atomic_write, update_index
 from .specs import InputSpec, OutputSpec
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class CacheEntry:
     sandbox: dict[str, Any] = field(default_factory=dict)
     verdicts: dict[str, Verdict] = field(default_factory=dict)   # env id -> verdict
     rejected: list[dict[str, str]] = field(default_factory=list)  # {digest, origin, reason} of losers
+    class_source_sha: str = ""  # sha256 of the module class's source (auto-instrumentation checks it)
     origin: str = "user"  # which cache it was read from; not stored
 
     def verdict_for(self, env: Environment) -> Verdict | None:
@@ -85,7 +86,8 @@ class CacheEntry:
                 "input_spec": self.input_spec.to_dict(),
                 "output_spec": self.output_spec.to_dict() if self.output_spec else None,
                 "candidate": cand, "sandbox": self.sandbox,
-                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}, "rejected": self.rejected}
+                "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()}, "rejected": self.rejected,
+                "class_source_sha": self.class_source_sha}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], origin: str = "user") -> "CacheEntry":
@@ -107,7 +109,8 @@ class CacheEntry:
                    output_spec=OutputSpec.from_dict(out) if out else None, candidate=cand,
                    sandbox=d.get("sandbox", {}),
                    verdicts={k: Verdict.from_dict(v) for k, v in d.get("verdicts", {}).items()},
-                   rejected=list(d.get("rejected", [])), origin=origin)
+                   rejected=list(d.get("rejected", [])), class_source_sha=d.get("class_source_sha", ""),
+                   origin=origin)
 
 
 def read_entry(path: Path, origin: str) -> CacheEntry | None:
@@ -140,22 +143,19 @@ class CacheDir:
         return read_entry(self.path_for(backend, key), self.name)
 
     def put(self, entry: CacheEntry) -> Path:
+        """Write `entry`, merged with what another process may have written meanwhile.
+
+        Under the entry's lock: verdicts of the same candidate from other environments are kept,
+        rejection records are united, and the index is updated. Writes are atomic (rename).
+        """
         if not self.writable:
             raise CacheError(f"cache {self.root} is read-only")
         path = self.path_for(entry.backend, entry.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        blob = json.dumps(entry.to_dict(), indent=1, sort_keys=True)
         with FileLock(str(path) + ".lock", timeout=60):
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(blob)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            merged = _merge(read_entry(path, self.name), entry)
+            atomic_write(path, json.dumps(merged.to_dict(), indent=1, sort_keys=True))
+        update_index(self.root, [merged])
         return path
 
     def entries(self, backend: str | None = None) -> Iterator[CacheEntry]:
@@ -176,9 +176,23 @@ class CacheDir:
         for path in self.root.glob("*/*.json"):
             path.unlink(missing_ok=True)
             removed += 1
-        for path in self.root.glob("*/*.lock"):
+        for path in [*self.root.glob("*/*.lock"), self.root / "index.json"]:
             path.unlink(missing_ok=True)
         return removed
+
+
+def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
+    if old is None:
+        return new
+    seen = {r.get("digest") for r in new.rejected}
+    new.rejected = new.rejected + [r for r in old.rejected if r.get("digest") not in seen]
+    if old.candidate is not None and new.candidate is not None and old.candidate.digest == new.candidate.digest:
+        new.verdicts = {**old.verdicts, **new.verdicts}
+    elif new.candidate is None and old.candidate is not None and any(v.accepted for v in old.verdicts.values()):
+        # a failed search here does not erase a kernel proven in another environment
+        new.candidate, new.sandbox = old.candidate, old.sandbox
+        new.verdicts = {**old.verdicts, **new.verdicts}
+    return new
 
 
 _loaded: list[Path] = []

@@ -38,18 +38,28 @@ class Dispatcher:
         self.misses = 0
         self.failures: dict[str, str] = {}  # op name -> why it was switched off
         self.honor_bypass = True  # False for the timing probe, which must always run its kernel
+        # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
+        self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
+        self._resolved: set[tuple] = set()
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
 
     def kernel_for(self, args: tuple, kwargs: dict) -> KernelOp | None:
         try:
-            return self.table.get(call_signature(args, kwargs))
+            sig = call_signature(args, kwargs)
         except TypeError:  # an unhashable argument: no kernel can be specialized on it
             return None
+        op = self.table.get(sig)
+        if op is None and self.resolver is not None and sig not in self._resolved:
+            self._resolved.add(sig)
+            op = self.resolver(args, kwargs)
+            if op is not None:
+                self.table[sig] = op
+        return op
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (_bypass_depth and self.honor_bypass) or not self.table:
+        if (_bypass_depth and self.honor_bypass) or (not self.table and self.resolver is None):
             return self.original(*args, **kwargs)
         op = self.kernel_for(args, kwargs)
         if op is None:
@@ -71,6 +81,22 @@ class Dispatcher:
         return out
 
 
+# class -> its own forward function, for classes whose forward auto-instrumentation replaced
+ORIGINAL_FORWARDS: dict[type, Callable[..., Any]] = {}
+
+
+def eager_forward(module: nn.Module) -> Callable[..., Any]:
+    """The module's own forward, bound: never a dispatcher, never a patched class forward."""
+    disp = dispatcher_of(module)
+    if disp is not None:
+        return disp.original
+    for klass in type(module).__mro__:
+        if "forward" in vars(klass):
+            fn = ORIGINAL_FORWARDS.get(klass, vars(klass)["forward"])
+            return fn.__get__(module, type(module))
+    return module.forward
+
+
 def dispatcher_of(module: nn.Module) -> Dispatcher | None:
     fwd = module.__dict__.get("forward")
     return fwd if isinstance(fwd, Dispatcher) else None
@@ -80,7 +106,7 @@ def install(module: nn.Module, signature: tuple, op: KernelOp, *, strict: bool =
     """Route calls of `module` matching `signature` to `op`; everything else stays eager."""
     disp = dispatcher_of(module)
     if disp is None:
-        disp = Dispatcher(module, module.forward, strict=strict)
+        disp = Dispatcher(module, eager_forward(module), strict=strict)
         module.forward = disp  # instance attribute: shadows the class's forward, removable
     disp.add(signature, op)
     return disp

@@ -1,6 +1,7 @@
 """Cache keys: module fingerprint + input spec + backend."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -60,6 +61,12 @@ def class_source(cls: type) -> str:
     return "\n".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def class_source_sha(cls: type) -> str:
+    """sha256 of class_source(cls); raises UnsupportedCall when there is no source."""
+    return hashlib.sha256(class_source(cls).encode()).hexdigest()
+
+
 def module_config(module: nn.Module) -> dict[str, Any]:
     """The module's own non-tensor attributes (public, plain values), `training` included."""
     return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _plain(v)}
@@ -73,7 +80,7 @@ def module_fingerprint(module: nn.Module) -> str:
     children = [[name, module_fingerprint(child)] for name, child in module.named_children()]
     blob = {
         "class": class_path(cls),
-        "source": hashlib.sha256(class_source(cls).encode()).hexdigest(),
+        "source": class_source_sha(cls),
         "config": json.loads(json.dumps(module_config(module), default=repr)),
         "tensors": tensors,
         "children": children,

@@ -14,7 +14,7 @@ from .candidate import Candidate, parse_candidate
 from .capture import ModuleCall
 from .dispatch import install
 from .errors import MetalAccelError
-from .keys import class_path, entry_key, module_fingerprint
+from .keys import class_path, class_source_sha, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
 from .prove import ProofSettings, kernels_only, prove
 from .report import ModuleReport
@@ -112,7 +112,8 @@ class Pipeline:
                          module_fingerprint=fingerprint, input_spec=call.spec, output_spec=call.output_spec,
                          candidate=winners[0].candidate if winners else None,
                          sandbox={"ok": True} if winners else {},
-                         rejected=(entry.rejected if entry else []) + [_rejection(e) for e in losers])
+                         rejected=(entry.rejected if entry else []) + [_rejection(e) for e in losers],
+                         class_source_sha=class_source_sha(type(call.module)))
         if winners:
             new.verdicts[self.env.id] = winners[0].verdict
         else:
@@ -132,7 +133,12 @@ class Pipeline:
         evaluations: list[Evaluation] = []
         for provider in self.providers:
             if isinstance(provider, InteractiveProvider):
-                evaluations += provider.synthesize(request, lambda cand: self.evaluate(call, key, cand))
+                try:
+                    evaluations += provider.synthesize(request, lambda cand: self.evaluate(call, key, cand))
+                except MetalAccelError as exc:  # not configured, out of budget, no usable answer
+                    if self.strict:
+                        raise
+                    rep.rejected.append(f"{provider.name}: {exc}")
             else:
                 evaluations += [self.evaluate(call, key, c) for c in self._proposals(provider, request, rep, tried)]
         return evaluations

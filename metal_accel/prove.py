@@ -18,7 +18,7 @@ from .bench import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
 from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
-from .dispatch import Dispatcher, dispatcher_of, eager_only
+from .dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from .errors import MetalAccelError
 from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
@@ -94,7 +94,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     assert call.spec is not None and call.output_spec is not None
     module = call.module
     disp = dispatcher_of(module)
-    original = disp.original if disp else module.forward
+    original = eager_forward(module)
     layout = disp.layout if disp else Dispatcher(module, original).layout
     device = device_of(call)
     trials = make_trials(call.spec, device)

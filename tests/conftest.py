@@ -31,3 +31,10 @@ def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.delenv("METAL_ACCEL_CACHE_PATH", raising=False)
     monkeypatch.delenv("METAL_ACCEL_DISABLE", raising=False)
     return path
+
+
+# `import metal_accel` patched the classes of whatever caches this machine has; tests start clean
+# and activate auto-instrumentation themselves (in subprocesses) where they test it.
+import metal_accel.hook  # noqa: E402
+
+metal_accel.hook.deactivate()
