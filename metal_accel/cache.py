@@ -139,8 +139,29 @@ class CacheDir:
     def path_for(self, backend: str, key: str) -> Path:
         return self.root / backend / f"{key}.json"
 
+    def _trusted(self, path: Path) -> bool:
+        """In a bundle, only files whose sha256 the manifest lists may be read."""
+        from .bundle import read_manifest, sha256_file
+        try:
+            manifest = read_manifest(self.root)
+        except (CacheError, ValueError) as exc:
+            log.warning("metal_accel: ignoring bundle %s: %s", self.root, exc)
+            return False
+        if manifest is None:
+            return True
+        rel = path.relative_to(self.root).as_posix()
+        digest = manifest.get("files", {}).get(rel)
+        if digest is None or not path.is_file() or sha256_file(path) != digest:
+            if path.is_file():
+                log.warning("metal_accel: skipping %s: not in the bundle manifest or its sha256 differs", path)
+            return False
+        return True
+
     def get(self, backend: str, key: str) -> CacheEntry | None:
-        return read_entry(self.path_for(backend, key), self.name)
+        path = self.path_for(backend, key)
+        if not path.is_file() or not self._trusted(path):
+            return None
+        return read_entry(path, self.name)
 
     def put(self, entry: CacheEntry) -> Path:
         """Write `entry`, merged with what another process may have written meanwhile.
@@ -164,7 +185,7 @@ class CacheDir:
             if d.name == "build":
                 continue
             for path in sorted(d.glob("*.json")):
-                entry = read_entry(path, self.name)
+                entry = read_entry(path, self.name) if self._trusted(path) else None
                 if entry is not None:
                     yield entry
 
@@ -198,13 +219,34 @@ def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
 _loaded: list[Path] = []
 
 
-def load_cache(path: str | os.PathLike) -> None:
-    """Add a read-only kernel cache (e.g. one shipped with an app) to the lookup path."""
-    p = Path(path)
+def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
+    """Add a read-only kernel cache (a directory or a bundle, e.g. one shipped with an app).
+
+    With `sha256` (the bundle's lock), a bundle whose manifest differs is refused. Only paths the
+    user names are ever loaded: CPU and CUDA kernels are native code. Returns the directory used.
+    """
+    from .bundle import LOCK, MANIFEST, read_manifest, sha256_file, unpack
+    p = unpack(path, config.user_cache_dir() / "bundles")
     if not p.is_dir():
         raise CacheError(f"no cache directory at {p}")
+    if sha256 is not None:
+        manifest = p / MANIFEST
+        if not manifest.is_file():
+            raise CacheError(f"{path}: a sha256 was given but there is no {MANIFEST} to check it against")
+        actual = sha256_file(manifest)
+        if actual != sha256.strip():
+            raise CacheError(f"{path}: manifest sha256 {actual[:16]}... does not match the pinned "
+                             f"{sha256.strip()[:16]}... (see {LOCK}); refusing to load")
+    read_manifest(p)  # an unknown bundle version is refused here, loudly
     if p not in _loaded:
         _loaded.append(p)
+        try:
+            from . import hook
+            if hook.is_active():
+                hook.activate()  # patch the classes the new cache names
+        except Exception as exc:
+            log.warning("metal_accel: could not extend auto-instrumentation to %s: %s", p, exc)
+    return p
 
 
 def user_cache() -> CacheDir:

@@ -1,4 +1,4 @@
-"""The `metal-accel` command: doctor, cache ls|show|clear."""
+"""The `metal-accel` command: doctor, cache ls|show|clear|export|import|verify."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from . import __version__, cache as cache_mod, config
+from . import __version__, cache as cache_mod, cli_bundle, config
 from .backends import available_backends, get_backend, known_backends
 from .errors import MetalAccelError
 
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear = csub.add_parser("clear", help="delete the user cache's entries")
     clear.add_argument("-y", "--yes", action="store_true", help="do not ask")
     clear.set_defaults(fn=cmd_cache_clear)
+    cli_bundle.add_parsers(csub)
     return p
 
 

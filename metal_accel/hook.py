@@ -45,6 +45,7 @@ _plans: dict[str, ClassPlan] = {}
 _pending: dict[str, list[str]] = {}  # module name -> class paths waiting for it to be imported
 _patched: dict[type, Callable[..., Any]] = {}
 _lock = threading.RLock()
+_active = False
 
 
 def revalidate_policy() -> str:
@@ -184,8 +185,9 @@ def _resolve(module: nn.Module, args: tuple, kwargs: dict) -> KernelOp | None:
 
 def activate() -> int:
     """Patch the classes named in the active caches; returns how many class paths are planned."""
-    global _plans
+    global _plans, _active
     with _lock:
+        _active = True
         _plans = build_plans()
         for class_path, plan in _plans.items():
             cls = _resolve_class(class_path)
@@ -201,7 +203,9 @@ def activate() -> int:
 
 def deactivate() -> None:
     """Put every patched class's forward back and forget the plans."""
+    global _active
     with _lock:
+        _active = False
         for cls, original in _patched.items():
             cls.forward = original  # type: ignore[attr-defined]
             ORIGINAL_FORWARDS.pop(cls, None)
@@ -210,6 +214,10 @@ def deactivate() -> None:
         _plans.clear()
         if _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
+
+
+def is_active() -> bool:
+    return _active
 
 
 def patched_classes() -> list[type]:
