@@ -102,8 +102,8 @@ def _arg_from_dict(d: dict[str, Any]) -> ArgSpec:
 
 
 def _runtime_signature(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), value.dtype, value.device.type)
+    if isinstance(value, torch.Tensor):  # torch.Size hashes and compares equal to the tuple
+        return (value.shape, value.stride(), value.dtype, value.device.type)
     if isinstance(value, list):
         return ("s", tuple(value))
     return ("s", value)
