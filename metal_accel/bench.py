@@ -22,6 +22,7 @@ class BenchResult:
     reps: int
     accepted: bool
     reason: str
+    rejected_samples: int = 0  # samples a checking timer refused (e.g. CUDA events vs wall clock)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,6 +50,14 @@ def _spread(xs: Sequence[float]) -> float:
     return (_quantile(xs, 0.75) - _quantile(xs, 0.25)) / med if med > 0 else 0.0
 
 
+class TimingRejected(Exception):
+    """A timer does not trust one sample (e.g. CUDA-event and wall-clock times disagree)."""
+
+
+Timer = Callable[[Callable[..., Any], tuple, dict, Callable[[], None]], "tuple[float, Any]"]
+MAX_REJECTED_FRACTION = 0.25
+
+
 def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> tuple[float, Any]:
     """Wall time of one call, with the device synchronized before and after (all streams)."""
     sync()
@@ -74,15 +83,19 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
                   sync: Callable[[], None] = lambda: None, *, margin: float = DEFAULT_MARGIN,
                   warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0,
                   check: Check | None = None, check_every: int = 8,
-                  flush: Callable[[], None] | None = None) -> BenchResult:
+                  flush: Callable[[], None] | None = None, timer: Timer | None = None) -> BenchResult:
     """Time eager and kernel alternately on rotating inputs; accept only a win beyond the noise.
 
     Accepted when the median speedup is at least 1 + margin and the kernel won at least three
     quarters of the interleaved pairs (25th percentile of per-pair ratios above 1). With `check`,
     every `check_every`-th pair's outputs are compared outside the timed region, so a kernel
     cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
-    cache flush) runs before every timed call, outside the timing.
+    cache flush) runs before every timed call, outside the timing. `timer(fn, args, kwargs, sync)`
+    replaces the wall-clock `time_call` (the CUDA backend's checks CUDA events against the wall
+    clock); a sample it raises TimingRejected for is taken again, and when more than a quarter of
+    the samples are refused the result is not accepted.
     """
+    timer = timer or time_call
     if not input_sets:
         raise ValueError("compare_speed needs at least one input set")
     for i in range(warmup):
@@ -92,19 +105,36 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     e_times: list[float] = []
     k_times: list[float] = []
     start = time.perf_counter()
-    rep = 0
+    rep = rejected = 0
+    unreliable = False
     while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
         args, kwargs = input_sets[rep % len(input_sets)]
         order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)
         outs = {}
         for fn in order:
-            if flush is not None:
-                flush()
-            elapsed, outs[fn] = time_call(fn, args, kwargs, sync)
+            for _ in range(4):
+                if flush is not None:
+                    flush()
+                try:
+                    elapsed, outs[fn] = timer(fn, args, kwargs, sync)
+                    break
+                except TimingRejected:
+                    rejected += 1
+            else:
+                unreliable = True
+                break
             (e_times if fn is eager else k_times).append(elapsed)
+        if unreliable or rejected > MAX_REJECTED_FRACTION * 2 * max(rep + 1, min_reps):
+            unreliable = True
+            break
         if check is not None and rep % check_every == 0:
             _spot_check(check, outs[kernel], outs[eager], rep)
         rep += 1
+    if unreliable or not e_times or not k_times:
+        return BenchResult(statistics.median(e_times) * 1e6 if e_times else 0.0,
+                           statistics.median(k_times) * 1e6 if k_times else 0.0, 0.0, 0.0, 0.0, 0.0, rep, False,
+                           f"unreliable timing: the timer refused {rejected} samples in {rep} pairs "
+                           "(device and host clocks disagree)", rejected)
     e_med, k_med = statistics.median(e_times), statistics.median(k_times)
     speedup = e_med / k_med if k_med > 0 else float("inf")
     ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
@@ -117,4 +147,4 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     else:
         accepted, reason = True, f"{speedup:.2f}x eager over {rep} interleaved pairs"
     return BenchResult(e_med * 1e6, k_med * 1e6, speedup, p25, _spread(e_times), _spread(k_times),
-                       rep, accepted, reason)
+                       rep, accepted, reason, rejected)

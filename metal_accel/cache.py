@@ -80,7 +80,7 @@ class CacheEntry:
         if self.candidate is not None:
             cand = {"code": self.candidate.code, "source": self.candidate.source,
                     "backend": self.candidate.backend, "origin": self.candidate.origin,
-                    "digest": self.candidate.digest}
+                    "digest": self.candidate.digest, "kind": self.candidate.kind}
         return {"format_version": FORMAT_VERSION, "key": self.key, "backend": self.backend,
                 "module_class": self.module_class, "module_fingerprint": self.module_fingerprint,
                 "input_spec": self.input_spec.to_dict(),
@@ -96,11 +96,19 @@ class CacheEntry:
         cand = None
         if d.get("candidate"):
             c = d["candidate"]
-            cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""))
+            kind = c.get("kind", "kernel")
+            if kind not in ("kernel", "inductor"):
+                raise CacheError(f"unknown candidate kind {kind!r}")
+            cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""),
+                             kind=kind)
             if c.get("digest") and c["digest"] != cand.digest:
                 raise CacheError("candidate digest does not match its code")
-            check_host_code(cand.code)  # cached code is untrusted data: check it on every load
-            check_kernel_source(cand.source, LANGUAGE_OF_BACKEND.get(d["backend"], ""))
+            if cand.is_builtin:
+                from .builtin_compile import check_builtin
+                check_builtin(cand)
+            else:  # cached code is untrusted data: check it on every load
+                check_host_code(cand.code)
+                check_kernel_source(cand.source, LANGUAGE_OF_BACKEND.get(d["backend"], ""))
             if cand.backend != d["backend"]:
                 raise CacheError("candidate backend differs from the entry's backend")
         out = d.get("output_spec")

@@ -19,10 +19,16 @@ class Candidate:
     source: str        # the kernel source extracted from SOURCE
     backend: str       # backend whose language SOURCE is written in
     origin: str = ""   # where it came from, e.g. "dir:/path/RMSNorm.py" or "openai:gpt-5"
+    kind: str = "kernel"  # "kernel": SOURCE + host code; "inductor": torch.compile of the module itself
 
     @property
     def digest(self) -> str:
         return hashlib.sha256(f"{self.backend}\0{self.code}".encode()).hexdigest()
+
+    @property
+    def is_builtin(self) -> bool:
+        """A built-in candidate runs no code from the candidate: nothing to sandbox."""
+        return self.kind != "kernel"
 
 
 def extract_code(text: str) -> str:

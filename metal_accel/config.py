@@ -38,3 +38,8 @@ def extra_cache_paths() -> list[Path]:
 
 def disabled() -> bool:
     return os.environ.get("METAL_ACCEL_DISABLE", "") not in ("", "0")
+
+
+def compile_enabled() -> bool:
+    """Whether torch.compile is tried as a candidate (METAL_ACCEL_COMPILE=0 turns it off)."""
+    return os.environ.get("METAL_ACCEL_COMPILE", "1") not in ("", "0")

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from . import cache as cache_mod
+from . import cache as cache_mod, config
 from .backends.base import Backend, Environment
 from .cache import CacheEntry, Verdict
 from .candidate import Candidate, parse_candidate
@@ -16,7 +16,8 @@ from .dispatch import install
 from .errors import MetalAccelError
 from .keys import class_path, class_source_sha, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
-from .prove import ProofSettings, kernels_only, prove
+from .builtin_compile import CompiledOp, compile_candidate, generated_code, prove_compiled, supports_compile
+from .prove import ProofSettings, backend_timer, kernels_only, prove
 from .report import ModuleReport
 from .sandbox import load_forward
 from .specs import UnsupportedCall
@@ -31,6 +32,7 @@ class Pipeline:
     providers: Sequence[Provider] = ()
     settings: ProofSettings = field(default_factory=ProofSettings)
     strict: bool = False
+    try_compile: bool = field(default_factory=config.compile_enabled)  # torch.compile is a candidate too
     installed: set[int] = field(default_factory=set)  # ids of modules that run a kernel
     _parents: dict[int, list[nn.Module]] = field(default_factory=dict)
 
@@ -107,6 +109,7 @@ class Pipeline:
             return
         winners = sorted((e for e in evaluations if e.verdict.accepted), key=lambda e: -(e.verdict.speedup or 0))
         losers = [e for e in evaluations if not e.verdict.accepted]
+        _record_times(rep, evaluations)
         rep.rejected += [f"{e.candidate.origin}: {e.verdict.reason}" for e in losers]
         new = CacheEntry(key=key, backend=self.backend.name, module_class=rep.module_class,
                          module_fingerprint=fingerprint, input_spec=call.spec, output_spec=call.output_spec,
@@ -129,8 +132,16 @@ class Pipeline:
 
     def _collect(self, call: ModuleCall, key: str, request: SynthesisRequest, rep: ModuleReport,
                  tried: set[Any]) -> list[Evaluation]:
-        """Evaluate every provider's candidates; interactive providers get each verdict back."""
+        """torch.compile first (its time and code become context), then every provider's candidates;
+        interactive providers get each verdict back."""
         evaluations: list[Evaluation] = []
+        builtin = compile_candidate(self.backend)
+        if self.try_compile and supports_compile(self.backend) and builtin.digest not in tried:
+            ev = self.evaluate(call, key, builtin)
+            evaluations.append(ev)
+            request.compile_us = ev.verdict.kernel_us
+            if ev.verdict.kernel_us is not None and any(isinstance(p, InteractiveProvider) for p in self.providers):
+                request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
         for provider in self.providers:
             if isinstance(provider, InteractiveProvider):
                 try:
@@ -158,11 +169,16 @@ class Pipeline:
 
     def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
         """Sandbox, compile, validate and benchmark one candidate on this device."""
+        if cand.is_builtin:
+            return prove_compiled(call, key, self.backend, margin=self.settings.margin,
+                                  budget_s=self.settings.bench_budget_s, timer=backend_timer(self.backend))
         return prove(call, key, cand, self.backend, self.settings)
 
     def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | None = None) -> None:
         assert call.spec is not None and call.output_spec is not None
-        if op is None:
+        if op is None and cand.is_builtin:
+            op = CompiledOp(call.module, f"compile_{key[:16]}")  # type: ignore[assignment]
+        elif op is None:
             lib = self.backend.compile(cand.source)
             op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec, call.output_spec,
                            call.module, self.backend.device_type)
@@ -171,8 +187,13 @@ class Pipeline:
 
     @staticmethod
     def _accept(rep: ModuleReport, call: ModuleCall, verdict: Verdict, source: str) -> None:
-        rep.status, rep.source, rep.reason = "kernel", source, verdict.reason
-        rep.speedup, rep.kernel_us = verdict.speedup, verdict.kernel_us
+        builtin = source.startswith("builtin:") or "torch.compile" in source
+        rep.status, rep.source, rep.reason = "compile" if builtin else "kernel", source, verdict.reason
+        rep.speedup = verdict.speedup
+        if builtin:
+            rep.compile_us = verdict.kernel_us
+        else:
+            rep.kernel_us = verdict.kernel_us
         if verdict.eager_us is not None:
             rep.eager_us = verdict.eager_us
 
@@ -187,6 +208,20 @@ class Pipeline:
                 self._parents.setdefault(id(child), []).extend(chain + [m])
                 walk(child, chain + [m])
         walk(model, [])
+
+
+def _record_times(rep: ModuleReport, evaluations: list[Evaluation]) -> None:
+    """The report's side-by-side times: torch.compile's, and the fastest measured kernel's."""
+    for ev in evaluations:
+        us = ev.verdict.kernel_us
+        if us is None:
+            continue
+        if ev.verdict.eager_us is not None:  # the benchmark's eager time beats capture's estimate
+            rep.eager_us = ev.verdict.eager_us
+        if ev.candidate.is_builtin:
+            rep.compile_us = us
+        elif rep.kernel_us is None or us < rep.kernel_us:
+            rep.kernel_us = us
 
 
 def _rejection(ev: Evaluation) -> dict[str, str]:

@@ -151,7 +151,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         with torch.inference_mode(), eager_only():
             bench = compare_speed(original, probe, inputs, backend.synchronize, margin=settings.margin,
                                   budget_s=settings.bench_budget_s, check=compare_output,
-                                  flush=cache_flusher(device) if settings.flush_cache else None)
+                                  flush=cache_flusher(device) if settings.flush_cache else None,
+                                  timer=backend_timer(backend))
     except Exception as exc:
         return reject(f"failed while timed: {type(exc).__name__}: {exc}")
     timings["bench_s"] = time.perf_counter() - t2
@@ -161,6 +162,12 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
     log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
     return Evaluation(cand, v, op, bench)
+
+
+def backend_timer(backend: Backend) -> Any:
+    """The backend's own bench timer (CUDA: events checked against the wall clock), else None."""
+    make = getattr(backend, "timer", None)
+    return make() if callable(make) else None
 
 
 def declares_shape_generic(code: str) -> bool:

@@ -10,14 +10,15 @@ class ModuleReport:
     name: str
     module_class: str
     spec: str
-    status: str                 # "kernel" or "eager"
+    status: str                 # "kernel" (LLM or supplied kernel), "compile" (torch.compile) or "eager"
     reason: str
     key: str = ""
     source: str = ""            # where the kernel came from: "cache:user", "cache:shipped", "dir:..."
     calls: int = 0
     eager_us: float | None = None
-    kernel_us: float | None = None
-    speedup: float | None = None
+    kernel_us: float | None = None   # the fastest measured kernel candidate, accepted or not
+    compile_us: float | None = None  # torch.compile of the module, when measured
+    speedup: float | None = None     # of what runs, over eager
     rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
 
     def to_dict(self) -> dict[str, Any]:
@@ -33,7 +34,8 @@ class OptimizeReport:
 
     @property
     def kernels(self) -> list[ModuleReport]:
-        return [m for m in self.modules if m.status == "kernel"]
+        """Calls that run something other than eager (a kernel or torch.compile)."""
+        return [m for m in self.modules if m.status != "eager"]
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
@@ -41,16 +43,21 @@ class OptimizeReport:
 
     def table(self, width: int = 60) -> str:
         """A plain-text table: module, input spec, kernel or eager with the reason, speedup."""
-        rows = [("module", "class", "input", "runs", "speedup", "why")]
+        def us(v: float | None) -> str:
+            return f"{v:.1f}" if v is not None else "-"
+        rows = [("module", "class", "input", "eager us", "compile us", "kernel us", "runs", "speedup", "why")]
         for m in self.modules:
             speed = f"{m.speedup:.2f}x" if m.speedup is not None else "-"
             why = m.reason if len(m.reason) <= width else m.reason[: width - 3] + "..."
-            rows.append((m.name, m.module_class.rsplit(".", 1)[-1], m.spec, m.status, speed, why))
+            rows.append((m.name, m.module_class.rsplit(".", 1)[-1], m.spec, us(m.eager_us), us(m.compile_us),
+                         us(m.kernel_us), m.status, speed, why))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels)} of {len(self.modules)} "
-                f"module calls run kernels; decided in {self.elapsed_s:.1f} s")
+        n_compile = sum(1 for m in self.modules if m.status == "compile")
+        head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels) - n_compile} of "
+                f"{len(self.modules)} module calls run kernels, {n_compile} torch.compile; "
+                f"decided in {self.elapsed_s:.1f} s")
         return head + "\n" + "\n".join(lines)
 
     def __str__(self) -> str:

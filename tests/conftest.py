@@ -30,6 +30,8 @@ def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(path))
     monkeypatch.delenv("METAL_ACCEL_CACHE_PATH", raising=False)
     monkeypatch.delenv("METAL_ACCEL_DISABLE", raising=False)
+    # torch.compile as a candidate costs seconds per module; the tests that are about it turn it on
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "0")
     return path
 
 

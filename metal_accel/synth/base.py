@@ -29,6 +29,8 @@ class SynthesisRequest:
     language: str              # kernel language of that backend
     eager_us: float = 0.0
     feedback: list[str] = field(default_factory=list)
+    compile_us: float | None = None   # torch.compile's time for this call, when it was measured
+    compiled_code: str = ""           # what inductor generated: a working starting point to beat
 
 
 @dataclass(frozen=True)

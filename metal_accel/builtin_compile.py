@@ -1,0 +1,118 @@
+"""torch.compile as a built-in candidate: judged by the same proof and speed gate as LLM kernels.
+
+The candidate runs no code of its own: it is torch.compile (inductor, default mode, whole
+graph, static shapes) of the module's own eager forward. A compile failure or a graph break is a
+rejection with its reason. Inductor's on-disk caches make a warm start cheap.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any, Callable
+
+import torch
+
+from .backends.base import Backend
+from .bench import compare_speed
+from .cache import Verdict
+from .candidate import Candidate
+from .capture import ModuleCall
+from .dispatch import Dispatcher, eager_forward, eager_only
+from .errors import CacheError
+from .synth.base import Evaluation
+from .testdata import make_inputs
+from .validate import compare_output, judge, make_trials, run_trial
+
+log = logging.getLogger(__name__)
+COMPILE_CODE = "torch.compile(forward, fullgraph=True, dynamic=False)"  # the candidate's identity
+_NO_INDUCTOR = {"mps-emu"}  # emulated devices: compiling the CPU graph would say nothing about them
+
+
+def compile_candidate(backend: Backend) -> Candidate:
+    return Candidate(code=COMPILE_CODE, source="", backend=backend.name, origin="builtin:torch.compile",
+                     kind="inductor")
+
+
+def supports_compile(backend: Backend) -> bool:
+    return backend.name not in _NO_INDUCTOR and backend.device_type in ("cpu", "cuda", "mps")
+
+
+def check_builtin(cand: Candidate) -> None:
+    """A cached built-in candidate must be exactly the one we define (it carries no code)."""
+    if cand.kind != "inductor" or cand.code != COMPILE_CODE or cand.source:
+        raise CacheError("malformed built-in candidate")
+
+
+class CompiledOp:
+    """Dispatcher-compatible op: the compiled eager forward, with child dispatchers bypassed."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        self.name = name
+        self._fn: Callable[..., Any] = torch.compile(eager_forward(module), fullgraph=True, dynamic=False)
+
+    def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
+        with eager_only():  # the compiled graph is of pure eager code; children's kernels stay out
+            return self._fn(*args, **kwargs)
+
+
+def generated_code(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
+    """The code inductor generates for this call (Triton or C++), as LLM context; '' if unavailable."""
+    try:
+        from torch._inductor.utils import run_and_get_code
+        with torch.inference_mode(), eager_only():
+            fn = torch.compile(eager_forward(module), fullgraph=True, dynamic=False)
+            _, codes = run_and_get_code(fn, *args, **kwargs)
+        return "\n\n".join(codes)
+    except Exception as exc:  # the context is optional; a failure here costs the LLM a hint, nothing else
+        log.debug("metal_accel: no inductor code: %s", exc)
+        return ""
+
+
+def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: float, budget_s: float,
+                   timer: Any = None) -> Evaluation:
+    """Compile, validate in-process (torch's compiler is trusted code) and time against eager."""
+    cand = compile_candidate(backend)
+    env = backend.environment()
+    assert call.spec is not None
+
+    def reject(reason: str, details: dict[str, Any] | None = None) -> Evaluation:
+        log.info("metal_accel: %s: torch.compile rejected: %s", call.name, reason)
+        return Evaluation(cand, Verdict(env, False, reason, cand.digest, details=details or {}))
+
+    module = call.module
+    op = CompiledOp(module, f"compile_{key[:16]}")
+    device = next((a.device for a in (*call.args, *call.kwargs.values()) if isinstance(a, torch.Tensor)),
+                  torch.device("cpu"))
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            op(tuple(call.args), dict(call.kwargs), [])
+    except Exception as exc:
+        kind = "graph break" if "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__ else "failed"
+        return reject(f"torch.compile {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    compile_s = time.perf_counter() - t0
+    trials = make_trials(call.spec, device)
+    original = eager_forward(module)
+    with torch.inference_mode():
+        results = [run_trial(lambda *a, **k: op(a, k, []), t.args, t.kwargs, [], repeat=(i == 0),
+                             sync=backend.synchronize) for i, t in enumerate(trials)]
+        with eager_only():
+            result = judge(trials, results, original)
+    if not result.ok:
+        return reject(f"incorrect: {result.reason}")
+    probe = Dispatcher(module, original, strict=True)
+    probe.honor_bypass = False
+    probe.add(call.spec.signature(), op)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(secrets.randbits(62))
+    inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(8)]
+    try:
+        with torch.inference_mode(), eager_only():
+            bench = compare_speed(original, probe, inputs, backend.synchronize, margin=margin, budget_s=budget_s,
+                                  check=compare_output, timer=timer)
+    except Exception as exc:
+        return reject(f"failed while timed: {type(exc).__name__}: {exc}")
+    details = {"bench": bench.to_dict(), "timings": {"compile_s": compile_s}}
+    verdict = Verdict(env, bench.accepted, bench.reason, cand.digest, bench.speedup, bench.eager_us,
+                      bench.kernel_us, details)
+    return Evaluation(cand, verdict, op if bench.accepted else None, bench)  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""torch.compile as a built-in candidate: chosen where it wins, eager where it does not, failures explained."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import metal_accel
+from metal_accel import cache as cache_mod
+
+from test_optimize import candidates
+from toymodels import GOOD, Chain
+
+pytestmark = [pytest.mark.needs_cxx, pytest.mark.slow]
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: no single graph exists, so fullgraph compile must fail."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+class Trio(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.chain = Chain(1024)
+        self.lin = nn.Linear(1024, 1024)
+        self.branchy = Branchy()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.branchy(self.lin(self.chain(x)))
+
+
+def report_of(model: nn.Module) -> dict[str, metal_accel.ModuleReport]:
+    return {m.name: m for m in metal_accel.explain(model).modules}
+
+
+@pytest.fixture
+def compile_on(monkeypatch):
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
+
+
+def test_per_module_winner_and_reasons(compile_on):
+    model, x = Trio().eval(), torch.randn(64, 1024)
+    with torch.inference_mode():
+        ref = model(x)
+    metal_accel.optimize(model, (x,), progress=False)
+    rep = report_of(model)
+    # a dozen elementwise ops: inductor fuses them into one loop and wins
+    assert rep["chain"].status == "compile", rep["chain"]
+    assert rep["chain"].compile_us < rep["chain"].eager_us and rep["chain"].source == "builtin:torch.compile"
+    # one matmul: compile cannot beat the library call eager already makes
+    assert rep["lin"].status == "eager" and rep["lin"].compile_us is not None
+    # data-dependent branch: fullgraph compile fails, the reason says so
+    assert rep["branchy"].status == "eager" and "torch.compile" in rep["branchy"].reason
+    eager_twin = Trio().eval()
+    eager_twin.load_state_dict(model.state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), ref)
+        x2 = torch.randn(64, 1024)
+        torch.testing.assert_close(model(x2), eager_twin(x2))
+    # the verdicts are cached like any kernel's: a second optimize() compiles nothing new to decide
+    cached = [e for e in cache_mod.user_cache().entries("cpu") if e.candidate is not None]
+    assert any(e.candidate.kind == "inductor" for e in cached)
+    model2 = Trio().eval()
+    metal_accel.optimize(model2, (x,), progress=False)
+    rep2 = report_of(model2)
+    assert rep2["chain"].status == "compile" and rep2["chain"].source == "cache:user"
+
+
+def test_llm_kernel_beats_compile_when_faster(compile_on, tmp_path):
+    # the supplied fused kernel (one pass, vectorized) against inductor's: whichever is faster wins,
+    # and both times are reported side by side
+    model, x = Chain(256).eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)], progress=False)
+    rep = metal_accel.explain(model).modules[0]
+    assert rep.status in ("kernel", "compile")
+    assert rep.compile_us is not None and rep.kernel_us is not None and rep.eager_us is not None
+    best = min(rep.compile_us, rep.kernel_us)
+    assert (rep.status == "kernel") == (rep.kernel_us == best)
+
+
+def test_compile_off_by_environment(monkeypatch):
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "0")
+    model = Trio().eval()
+    metal_accel.optimize(model, (torch.randn(64, 1024),), progress=False)
+    assert all(m.compile_us is None and m.status == "eager" for m in metal_accel.explain(model).modules)
