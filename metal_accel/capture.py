@@ -10,7 +10,7 @@ from torch import nn
 
 from .specs import InputSpec, OutputSpec, UnsupportedCall, call_signature
 
-MAX_COMPOSITE_MODULES = 8  # a composite with more descendants than this is not a kernel candidate
+MAX_COMPOSITE_MODULES = 16  # a composite with more descendants than this is not a kernel candidate
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 

@@ -207,3 +207,12 @@ def test_optimized_model_under_torch_compile(tmp_path):
         assert "metal_accel.k_" in explained.graphs[0].code  # the kernel is one op inside the graph
         compiled = torch.compile(model)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_kernel_shows_by_name_in_the_profiler(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    with torch.inference_mode(), torch.profiler.profile() as prof:
+        model(x)
+    assert any(e.name.startswith("metal_accel::k_") for e in prof.events())
+    assert model.chain.__dict__["forward"].hits == 1

@@ -13,7 +13,7 @@ import torch
 from metal_accel.config import include_dir
 
 CXX = shutil.which("g++") or shutil.which("c++")
-pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.needs_cxx, pytest.mark.skipif(CXX is None, reason="no C++ compiler")]
 
 FUNCS = {
     # name: (C function, float64 reference, max ulp on normal results)

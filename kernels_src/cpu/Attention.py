@@ -10,8 +10,10 @@ region:
      the module's mask buffer (masked -> -inf), softmax, p @ v;
   3. the output projection runs over the attention output's panels and scatters to rows.
 Products accumulate in order with one FMA per term (as the BLAS kernels eager uses at these
-sizes) and the rotary products are rounded as eager rounds them, so the scores match eager
-bit for bit: a peaked softmax (large inputs) would amplify any last-bit difference.
+sizes do) and the rotary products are rounded as eager rounds them, so the scores come out equal
+to eager's wherever BLAS takes that path: a peaked softmax (large inputs) amplifies last-bit
+score differences. Softmax uses ma_expf and its own summation order (ulp-level differences).
+Few rows (decode) still use 32-row panels: correct, but padded work.
 """
 
 SOURCE = r"""
@@ -57,42 +59,47 @@ static inline void tile_n(const float* P, const float* W, int ldw, int K, int nr
   for (int r = 0; r < nr; ++r) tile<1>(P, W + (size_t)r * ldw, ldw, K, out + r * 32);
 }
 
-// Pack x [M][C] into panels (see above). With inv != nullptr the rows are RMS-normalized on the
-// way, rounded like eager: (x * inv[m]) * w[k]. Worksharing: call from inside a parallel region.
+// Transpose rows [m0, m0 + mr) x columns [k0, k1) of x into a panel (zero rows past mr); with
+// inv != nullptr the rows are RMS-normalized on the way, rounded like eager: (x * inv[m]) * w[k].
+// Full 32-row blocks go through 8x8 tiles (the compiler turns them into shuffles, no gathers).
+static inline void pack_chunk(const float* xs, int C, int k0, int k1, int mr, const float* iv,
+                              const float* w, float* dst) {
+  if (mr == 32 && (k1 - k0) % 8 == 0) {
+    for (int kb = k0; kb < k1; kb += 8)
+      for (int i0 = 0; i0 < 32; i0 += 8) {
+        float blk[8][8];
+        for (int i = 0; i < 8; ++i)
+          for (int k = 0; k < 8; ++k) blk[k][i] = xs[(size_t)(i0 + i) * C + kb + k];
+        if (iv != nullptr)
+          for (int k = 0; k < 8; ++k)
+            for (int i = 0; i < 8; ++i) { const float t = blk[k][i] * iv[i0 + i]; blk[k][i] = t * w[kb + k]; }
+        for (int k = 0; k < 8; ++k)
+          for (int i = 0; i < 8; ++i) dst[(kb + k) * 32 + i0 + i] = blk[k][i];
+      }
+    return;
+  }
+  for (int i = 0; i < mr; ++i) {
+    const float* src = xs + (size_t)i * C;
+    if (iv != nullptr)
+      for (int k = k0; k < k1; ++k) { const float t = src[k] * iv[i]; dst[k * 32 + i] = t * w[k]; }
+    else
+      for (int k = k0; k < k1; ++k) dst[k * 32 + i] = src[k];
+  }
+  for (int i = mr; i < 32; ++i)
+    for (int k = k0; k < k1; ++k) dst[k * 32 + i] = 0.0f;
+}
+
+// Pack x [M][C] into panels (normalized rows if inv != nullptr, see pack_chunk).
+// Worksharing: call from inside a parallel region (ends with a barrier).
 static void pack_panels(const float* x, int M, int C, const float* inv, const float* w, float* X) {
   const int np = (M + 31) / 32, kc = (C + 31) / 32;
   #pragma omp for collapse(2) schedule(static)
   for (int p = 0; p < np; ++p)
     for (int c = 0; c < kc; ++c) {
-      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32, mr = imin(M - m0, 32);
-      float* dst = X + (size_t)p * 32 * C;
-      const float* xs = x + (size_t)m0 * C;
-      if (inv == nullptr) {
-        for (int k = k0; k < k1; ++k) {
-          #pragma omp simd
-          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? xs[(size_t)i * C + k] : 0.0f;
-        }
-      } else {
-        alignas(64) float iv[32];
-        for (int i = 0; i < 32; ++i) iv[i] = i < mr ? inv[m0 + i] : 0.0f;
-        for (int k = k0; k < k1; ++k) {
-          const float wk = w[k];
-          #pragma omp simd
-          for (int i = 0; i < 32; ++i) {
-            const float t = (i < mr ? xs[(size_t)i * C + k] : 0.0f) * iv[i];
-            dst[k * 32 + i] = t * wk;
-          }
-        }
-      }
+      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32;
+      pack_chunk(x + (size_t)m0 * C, C, k0, k1, imin(M - m0, 32), inv != nullptr ? inv + m0 : nullptr, w,
+                 X + (size_t)p * 32 * C);
     }
-}
-
-// inv[m] = 1 / sqrt(mean(x[m]^2) + eps), as eager's x.pow(2).mean(-1) + eps, rsqrt.
-static inline float inv_rms(const float* xr, int C, float eps) {
-  float ss = 0.0f;
-  #pragma omp simd reduction(+ : ss)
-  for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
-  return 1.0f / std::sqrt(ss / (float)C + eps);
 }
 
 // out[m][n] = (res ? res[m][n] + y : y), y = (panels P) W^T; out may alias res (same element).
@@ -124,7 +131,7 @@ static void gemm_rows(const float* P, int M, int K, const float* W, int N, const
 // tables transposed, cT[d][t] = cos[t][d], sT[d][t] = sin[t][d]. Worksharing, no barrier.
 static void attn_tables(const float* cosb, const float* sinb, const uint8_t* mask, int mask_ld, int T,
                         int Tp, int D, float* keep, float* cT, float* sT) {
-  #pragma omp for schedule(dynamic) nowait
+  #pragma omp for schedule(static) nowait
   for (int j = 0; j < Tp + 2 * D; ++j) {
     if (j < Tp) {
       for (int t = 0; t < Tp; ++t)

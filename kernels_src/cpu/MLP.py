@@ -7,6 +7,7 @@ up tiles of the same features run back to back and are combined with silu on the
 activation stays in the panel layout, which is exactly the packed operand of the down projection.
 Each product accumulates k in order with one FMA per term, like the BLAS kernels eager uses at
 these sizes. One OpenMP region; tiles are split across threads when the work pays for waking them.
+At most 6 rows (decode-like calls) skip the panels: dot products along k, weights read once.
 """
 
 SOURCE = r"""
@@ -52,42 +53,47 @@ static inline void tile_n(const float* P, const float* W, int ldw, int K, int nr
   for (int r = 0; r < nr; ++r) tile<1>(P, W + (size_t)r * ldw, ldw, K, out + r * 32);
 }
 
-// Pack x [M][C] into panels (see above). With inv != nullptr the rows are RMS-normalized on the
-// way, rounded like eager: (x * inv[m]) * w[k]. Worksharing: call from inside a parallel region.
+// Transpose rows [m0, m0 + mr) x columns [k0, k1) of x into a panel (zero rows past mr); with
+// inv != nullptr the rows are RMS-normalized on the way, rounded like eager: (x * inv[m]) * w[k].
+// Full 32-row blocks go through 8x8 tiles (the compiler turns them into shuffles, no gathers).
+static inline void pack_chunk(const float* xs, int C, int k0, int k1, int mr, const float* iv,
+                              const float* w, float* dst) {
+  if (mr == 32 && (k1 - k0) % 8 == 0) {
+    for (int kb = k0; kb < k1; kb += 8)
+      for (int i0 = 0; i0 < 32; i0 += 8) {
+        float blk[8][8];
+        for (int i = 0; i < 8; ++i)
+          for (int k = 0; k < 8; ++k) blk[k][i] = xs[(size_t)(i0 + i) * C + kb + k];
+        if (iv != nullptr)
+          for (int k = 0; k < 8; ++k)
+            for (int i = 0; i < 8; ++i) { const float t = blk[k][i] * iv[i0 + i]; blk[k][i] = t * w[kb + k]; }
+        for (int k = 0; k < 8; ++k)
+          for (int i = 0; i < 8; ++i) dst[(kb + k) * 32 + i0 + i] = blk[k][i];
+      }
+    return;
+  }
+  for (int i = 0; i < mr; ++i) {
+    const float* src = xs + (size_t)i * C;
+    if (iv != nullptr)
+      for (int k = k0; k < k1; ++k) { const float t = src[k] * iv[i]; dst[k * 32 + i] = t * w[k]; }
+    else
+      for (int k = k0; k < k1; ++k) dst[k * 32 + i] = src[k];
+  }
+  for (int i = mr; i < 32; ++i)
+    for (int k = k0; k < k1; ++k) dst[k * 32 + i] = 0.0f;
+}
+
+// Pack x [M][C] into panels (normalized rows if inv != nullptr, see pack_chunk).
+// Worksharing: call from inside a parallel region (ends with a barrier).
 static void pack_panels(const float* x, int M, int C, const float* inv, const float* w, float* X) {
   const int np = (M + 31) / 32, kc = (C + 31) / 32;
   #pragma omp for collapse(2) schedule(static)
   for (int p = 0; p < np; ++p)
     for (int c = 0; c < kc; ++c) {
-      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32, mr = imin(M - m0, 32);
-      float* dst = X + (size_t)p * 32 * C;
-      const float* xs = x + (size_t)m0 * C;
-      if (inv == nullptr) {
-        for (int k = k0; k < k1; ++k) {
-          #pragma omp simd
-          for (int i = 0; i < 32; ++i) dst[k * 32 + i] = i < mr ? xs[(size_t)i * C + k] : 0.0f;
-        }
-      } else {
-        alignas(64) float iv[32];
-        for (int i = 0; i < 32; ++i) iv[i] = i < mr ? inv[m0 + i] : 0.0f;
-        for (int k = k0; k < k1; ++k) {
-          const float wk = w[k];
-          #pragma omp simd
-          for (int i = 0; i < 32; ++i) {
-            const float t = (i < mr ? xs[(size_t)i * C + k] : 0.0f) * iv[i];
-            dst[k * 32 + i] = t * wk;
-          }
-        }
-      }
+      const int k0 = c * 32, k1 = imin(k0 + 32, C), m0 = p * 32;
+      pack_chunk(x + (size_t)m0 * C, C, k0, k1, imin(M - m0, 32), inv != nullptr ? inv + m0 : nullptr, w,
+                 X + (size_t)p * 32 * C);
     }
-}
-
-// inv[m] = 1 / sqrt(mean(x[m]^2) + eps), as eager's x.pow(2).mean(-1) + eps, rsqrt.
-static inline float inv_rms(const float* xr, int C, float eps) {
-  float ss = 0.0f;
-  #pragma omp simd reduction(+ : ss)
-  for (int i = 0; i < C; ++i) ss += xr[i] * xr[i];
-  return 1.0f / std::sqrt(ss / (float)C + eps);
 }
 
 // out[m][n] = (res ? res[m][n] + y : y), y = (panels P) W^T; out may alias res (same element).
@@ -132,19 +138,77 @@ static void swiglu_hidden(const float* X, int M, int C, const float* wg, const f
 }
 
 // ---------------------------------------------------------------------------------------------
+// Few rows (decode-like calls): no packing, dot products along k, where x rows and weight rows are
+// both contiguous; NR output features per pass share each x load.
+static inline float hsum16(v16 v) {
+  float t[16];
+  memcpy(t, &v, sizeof t);
+  for (int w = 8; w > 0; w >>= 1)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+
+template <int NR>
+static inline void dots(const float* __restrict__ xr, const float* __restrict__ W, int ldw, int K,
+                        float* __restrict__ out) {
+  v16 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = (v16){};
+  int k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const v16 xv = LD(xr + k);
+    for (int r = 0; r < NR; ++r) acc[r] += xv * LD(W + (size_t)r * ldw + k);
+  }
+  for (int r = 0; r < NR; ++r) {
+    float s = hsum16(acc[r]);
+    for (int kk = k; kk < K; ++kk) s += xr[kk] * W[(size_t)r * ldw + kk];
+    out[r] = s;
+  }
+}
+
+static inline void dots_n(const float* xr, const float* W, int ldw, int K, int nr, float* out) {
+  if (nr == 8) { dots<8>(xr, W, ldw, K, out); return; }
+  for (int r = 0; r < nr; ++r) dots<1>(xr, W + (size_t)r * ldw, ldw, K, out + r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows [m0, m1) by dot products (worksharing; h: [m1 - m0][H] scratch).
+static void mlp_rows_dot(const float* x, const float* wg, const float* wu, const float* wd, float* out,
+                         int m0, int m1, int C, int H, int N, float* h) {
+  #pragma omp for schedule(static)
+  for (int j0 = 0; j0 < H; j0 += 8) {
+    const int nr = imin(H - j0, 8);
+    for (int m = m0; m < m1; ++m) {
+      float g[8], u[8];
+      dots_n(x + (size_t)m * C, wg + (size_t)j0 * C, C, C, nr, g);
+      dots_n(x + (size_t)m * C, wu + (size_t)j0 * C, C, C, nr, u);
+      for (int r = 0; r < nr; ++r) h[(size_t)(m - m0) * H + j0 + r] = ma_siluf(g[r]) * u[r];
+    }
+  }
+  #pragma omp for schedule(static)
+  for (int n0 = 0; n0 < N; n0 += 8)
+    for (int m = m0; m < m1; ++m)
+      dots_n(h + (size_t)(m - m0) * H, wd + (size_t)n0 * H, H, H, imin(N - n0, 8), out + (size_t)m * N + n0);
+}
+
 extern "C" void mlp_swiglu(const float* x, const float* wg, const float* wu, const float* wd, float* out,
                            int M, int C, int H, int N) {
-  const int np = (M + 31) / 32;
-  float* const mem = (float*)malloc(sizeof(float) * ((size_t)np * 32 * (C + H) + 16));
+  // rows in 32-row panels, and a few leftover rows (or a few rows in all) by dot products
+  const int tail = M % 32 <= 6 ? M % 32 : 0;
+  const int Mp = M - tail, np = Mp / 32 + (Mp % 32 != 0);
+  float* const mem = (float*)malloc(sizeof(float) * ((size_t)np * 32 * (C + H) + (size_t)tail * H + 16));
   if (mem == nullptr) return;  // the output stays unwritten, which validation reports
   float* X = align64(mem);                 // [np][C][32] packed x
   float* Hd = X + (size_t)np * 32 * C;     // [np][H][32] hidden activation
+  float* h = Hd + (size_t)np * 32 * H;     // [tail][H] hidden activation of the leftover rows
   const long work = (long)M * H * (2L * C + N);
-  #pragma omp parallel if (work > 150000)
+  #pragma omp parallel if (work > 150000 || (long)H * (2L * C + N) > 32768)
   {
-    pack_panels(x, M, C, nullptr, nullptr, X);
-    swiglu_hidden(X, M, C, wg, wu, H, Hd);
-    gemm_rows(Hd, M, H, wd, N, nullptr, out);
+    if (Mp > 0) {
+      pack_panels(x, Mp, C, nullptr, nullptr, X);
+      swiglu_hidden(X, Mp, C, wg, wu, H, Hd);
+      gemm_rows(Hd, Mp, H, wd, N, nullptr, out);
+    }
+    if (tail > 0) mlp_rows_dot(x, wg, wu, wd, out, Mp, M, C, H, N, h);
   }
   free(mem);
 }

@@ -14,8 +14,8 @@
  *   ma_geluf     0.5 x (1 + erf(x/sqrt2)) (torch's default gelu)
  *
  * Kernels are compiled with -O3 -march=native -fopenmp -std=c++17; the header is also valid C99.
- * Note: the header is part of every kernel's build but not of the kernel's source hash; change the
- * results of a function only together with a cache-invalidating change.
+ * Cached verdicts of kernels are keyed by their own source, not by this header: keep the results
+ * of existing functions stable (add new functions rather than changing old ones).
  */
 #ifndef MA_VECMATH_H
 #define MA_VECMATH_H
@@ -39,7 +39,7 @@ static inline float ma_absf(float x) { return ma_bits_to_float(ma_float_to_bits(
 
 /* x with the sign of s (x must be non-negative) */
 static inline float ma_with_sign(float x, float s) {
-    return ma_bits_to_float(ma_float_to_bits(x) | (ma_float_to_bits(s) & (int32_t)0x80000000));
+    return ma_bits_to_float(ma_float_to_bits(x) | (ma_float_to_bits(s) & INT32_MIN));
 }
 
 /* exp(x) = ma_exp_split(x, &s) * s. x is clamped to [-150, 89] (NaN passes through: comparisons
@@ -65,8 +65,9 @@ static inline float ma_exp_split(float x, float* scale) {
     p = p * (r * r) + r + 1.0f;
     int32_t n1 = ni >> 1; /* arithmetic shift: floor(n/2) */
     int32_t n2 = ni - n1; /* n in [-217, 128] -> n1, n2 in [-109, 64]: 2^n1, 2^n2 normal */
-    *scale = ma_bits_to_float((n1 + 127) << 23);
-    return p * ma_bits_to_float((n2 + 127) << 23);
+    /* (shifts in unsigned: for NaN input ni is arbitrary, and the result is NaN anyway) */
+    *scale = ma_bits_to_float((int32_t)((uint32_t)(n1 + 127) << 23));
+    return p * ma_bits_to_float((int32_t)((uint32_t)(n2 + 127) << 23));
 }
 
 /* exp(x): overflow gives inf, subnormal results are rounded once. */
