@@ -7,10 +7,15 @@ from .api import explain, optimize, restore
 from .backends import available_backends, get_backend
 from .cache import CacheEntry, Verdict, load_cache
 from .candidate import Candidate, parse_candidate
+from .dispatch import eager_only as eager
 from .errors import (BackendUnavailableError, CacheError, CandidateFormatError, CompileError,
                      KernelLaunchError, MetalAccelError, SandboxError)
 from .report import ModuleReport, OptimizeReport
+from .synth.budget import Limits
 from .synth.directory import DirectoryProvider
+from .synth.loop import SynthesisError, SynthesisLoop
+from .synth.models import ProviderConfigError
+from .synth.settings import SynthSettings
 
 __version__ = "0.1.0"
 
@@ -36,11 +41,11 @@ def _activate_from_environment() -> None:
 _activate_from_environment()
 
 __all__ = [
-    "optimize", "restore", "explain", "load_cache",
+    "optimize", "restore", "explain", "load_cache", "eager",
     "OptimizeReport", "ModuleReport", "CacheEntry", "Verdict",
-    "Candidate", "parse_candidate", "DirectoryProvider",
+    "Candidate", "parse_candidate", "DirectoryProvider", "SynthesisLoop", "SynthSettings", "Limits",
     "available_backends", "get_backend",
     "MetalAccelError", "BackendUnavailableError", "CacheError", "CandidateFormatError", "CompileError",
-    "KernelLaunchError", "SandboxError",
+    "KernelLaunchError", "SandboxError", "ProviderConfigError", "SynthesisError",
     "__version__",
 ]

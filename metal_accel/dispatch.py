@@ -17,7 +17,10 @@ _bypass_depth = 0
 
 @contextlib.contextmanager
 def eager_only() -> Iterator[None]:
-    """Within this block every dispatcher runs the original forward (used for reference runs)."""
+    """Within this block every module runs its own eager forward: no kernels, no torch.compile.
+
+    Public as `metal_accel.eager()`: for reference runs and side-by-side timing.
+    """
     global _bypass_depth
     _bypass_depth += 1
     try:

@@ -18,7 +18,7 @@ from .keys import class_path, class_source_sha, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
 from .builtin_compile import CompiledOp, compile_candidate, generated_code, prove_compiled, supports_compile
 from .prove import ProofSettings, backend_timer, kernels_only, prove
-from .report import ModuleReport
+from .report import COVERED, ModuleReport
 from .sandbox import load_forward
 from .specs import UnsupportedCall
 from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
@@ -61,7 +61,7 @@ class Pipeline:
             return
         covering = [a for a in self._ancestors(call) if id(a) in self.installed]
         if covering:
-            rep.reason = "inside a module that already runs a kernel"
+            rep.reason = COVERED
             return
         try:
             fingerprint = module_fingerprint(call.module)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+COVERED = "inside a module that already runs a kernel"
+
 
 @dataclass
 class ModuleReport:
@@ -41,12 +43,15 @@ class OptimizeReport:
         return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
                 "modules": [m.to_dict() for m in self.modules]}
 
-    def table(self, width: int = 60) -> str:
-        """A plain-text table: module, input spec, kernel or eager with the reason, speedup."""
+    def table(self, width: int = 60, verbose: bool = False) -> str:
+        """A plain-text table: module, input spec, times, what runs and why (covered calls folded)."""
         def us(v: float | None) -> str:
             return f"{v:.1f}" if v is not None else "-"
         rows = [("module", "class", "input", "eager us", "compile us", "kernel us", "runs", "speedup", "why")]
+        covered = [m for m in self.modules if m.reason == COVERED]
         for m in self.modules:
+            if m.reason == COVERED and not verbose:
+                continue
             speed = f"{m.speedup:.2f}x" if m.speedup is not None else "-"
             why = m.reason if len(m.reason) <= width else m.reason[: width - 3] + "..."
             rows.append((m.name, m.module_class.rsplit(".", 1)[-1], m.spec, us(m.eager_us), us(m.compile_us),
@@ -58,6 +63,8 @@ class OptimizeReport:
         head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels) - n_compile} of "
                 f"{len(self.modules)} module calls run kernels, {n_compile} torch.compile; "
                 f"decided in {self.elapsed_s:.1f} s")
+        if covered and not verbose:
+            lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")
         return head + "\n" + "\n".join(lines)
 
     def __str__(self) -> str:

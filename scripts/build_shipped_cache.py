@@ -1,9 +1,10 @@
 """Rebuild the cache shipped in the package: prove the candidates in kernels_src/ on this machine.
 
     python scripts/build_shipped_cache.py [--backend cpu] [--shapes 1x32 4x64]
+    python scripts/build_shipped_cache.py --backend cuda [--report blocks.json]   # metal_accel/blocks.py
 
 Every entry is produced by the pipeline itself (sandbox, compile, validate, benchmark), never by
-hand: the demo model is optimized with kernels_src/<backend> as the only provider and an empty
+hand: the demo model (CUDA: the blocks of metal_accel/blocks.py) is optimized with kernels_src/<backend> as the only provider and an empty
 user cache, and the accepted entries, with their verdicts for this machine, are copied into
 metal_accel/kernels_cache/<backend>/.
 """
@@ -19,14 +20,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _build_blocks(args: argparse.Namespace, device: str, source: Path) -> None:
+    import json
+
+    import torch
+
+    import metal_accel
+    from metal_accel.blocks import shipped_blocks
+
+    rows = []
+    for name, module, make_inputs in shipped_blocks(device):
+        inputs = make_inputs()
+        metal_accel.optimize(module, inputs, backend=args.backend, providers=[f"dir:{source}"], bench_budget_s=2.0)
+        rep = metal_accel.explain(module)
+        print(f"== {name}\n{rep}")
+        top = rep.modules[0]
+        rows.append({"block": name, "status": top.status, "reason": top.reason, "eager_us": top.eager_us,
+                     "kernel_us": top.kernel_us, "speedup": top.speedup, "rejected": top.rejected})
+        del module, inputs
+        torch.cuda.empty_cache() if device == "cuda" else None
+    if args.report:
+        Path(args.report).write_text(json.dumps(rows, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--shapes", nargs="+", default=None, help="BATCHxSEQ input shapes (default: the demo's)")
+    parser.add_argument("--report", default=None, help="write a JSON summary of every block's verdict here (cuda)")
     args = parser.parse_args()
     out_dir = ROOT / "metal_accel" / "kernels_cache" / args.backend
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["METAL_ACCEL_USER_CACHE"] = tmp
+        # The shipped cache holds kernels only: whether torch.compile wins is decided on each
+        # user's machine (its inductor output and timings are local), not shipped.
+        os.environ["METAL_ACCEL_COMPILE"] = "0"
         import torch
         import metal_accel
         from metal_accel import cache as cache_mod
@@ -36,6 +64,9 @@ def main() -> int:
             old.unlink()
         device = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "mps-emu": "cpu"}[args.backend]
         shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else [(DEFAULT_BATCH, DEFAULT_SEQ)]
+        if args.backend == "cuda":  # the common model blocks of metal_accel/blocks.py, at their shipped shapes
+            shapes = []
+            _build_blocks(args, device, ROOT / "kernels_src")
         for batch, seq in shapes:
             model = build_demo_model().to(device).eval()
             (ids,) = demo_inputs(batch=batch, seq=seq)

@@ -76,7 +76,7 @@ def test_capture_records_calls_hottest_first_and_marks_unsupported():
     names = [c.name for c in calls]
     assert set(names) == {"Net", "chain", "proj"} and names[0] == "Net"
     chain = next(c for c in calls if c.name == "chain")
-    assert chain.replaceable and chain.calls == 2 and chain.eager_s > 0
+    assert chain.replaceable and chain.calls == 1 and chain.eager_s > 0  # one timed run by default
     assert chain.spec.describe() == "float32[3,64]"
 
     calls = {c.name: c for c in capture(Big(), (torch.randn(2, 4),))}
