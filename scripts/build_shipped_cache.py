@@ -79,6 +79,8 @@ def main() -> int:
             if entry.candidate is not None and any(v.accepted for v in entry.verdicts.values()):
                 shutil.copy(cache_mod.user_cache().path_for(args.backend, entry.key), out_dir / f"{entry.key}.json")
                 kept += 1
+        from metal_accel.cache_index import write_index
+        write_index(out_dir.parent)  # lets `import metal_accel` know what the shipped cache covers
         print(f"{kept} accepted entries written to {out_dir.relative_to(ROOT)}")
     return 0
 
