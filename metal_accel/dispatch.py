@@ -13,6 +13,7 @@ from .specs import call_signature
 
 log = logging.getLogger(__name__)
 _bypass_depth = 0
+bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
 
 
 @contextlib.contextmanager
@@ -21,12 +22,14 @@ def eager_only() -> Iterator[None]:
 
     Public as `metal_accel.eager()`: for reference runs and side-by-side timing.
     """
-    global _bypass_depth
+    global _bypass_depth, bypass
     _bypass_depth += 1
+    bypass = True
     try:
         yield
     finally:
         _bypass_depth -= 1
+        bypass = _bypass_depth > 0
 
 
 class Dispatcher:
@@ -62,7 +65,7 @@ class Dispatcher:
         return op
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (_bypass_depth and self.honor_bypass) or (not self.table and self.resolver is None):
+        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None):
             return self.original(*args, **kwargs)
         op = self.kernel_for(args, kwargs)
         if op is None:

@@ -147,7 +147,7 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
     shapes = frozenset(plan.shapes)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if dispatch._bypass_depth or type(self) is not cls or not args:
+        if dispatch.bypass or type(self) is not cls or not args:
             return original(self, *args, **kwargs)
         first = args[0]
         if type(first) is not torch.Tensor or first.shape not in shapes:
