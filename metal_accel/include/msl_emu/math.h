@@ -10,8 +10,8 @@ namespace metal {
 #define MA_FP_VEC(V) template <class V, std::enable_if_t<is_vec_v<V> && is_fp_v<elem_t<V>>, int> = 0>
 
 // ---------------------------------------------------------------- unary floating functions
-#define MA_F1(name, expr)                                                                         \
-  MA_FP_SCALAR(T) inline T name(T x_) { using C = fcalc_t<T>; C x = C(x_); (void)x; return T(expr); } \
+#define MA_F1(name, ...)                                                                         \
+  MA_FP_SCALAR(T) inline T name(T x_) { using C = fcalc_t<T>; C x = C(x_); (void)x; return T(__VA_ARGS__); } \
   MA_FP_VEC(V) inline vec<elem_t<V>, vlen_v<V>> name(const V& v) {                                \
     vec<elem_t<V>, vlen_v<V>> r;                                                                  \
     for (int i = 0; i < vlen_v<V>; ++i) r.d[i] = name(elem_t<V>(v[i]));                           \
@@ -35,11 +35,11 @@ MA_F1(sign, x > C(0) ? C(1) : (x < C(0) ? C(-1) : (x == C(0) ? x : C(0))))
 #undef MA_F1
 
 // ---------------------------------------------------------------- n-ary floating functions (broadcasting)
-#define MA_F2(name, expr)                                                                         \
+#define MA_F2(name, ...)                                                                         \
   template <class A, class B, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_fp_v<calc_t<A, B>>, int> = 0> \
   inline auto name(const A& a, const B& b) {                                                      \
     using T = calc_t<A, B>;                                                                       \
-    return ma_map([](T x_, T y_) { using C = fcalc_t<T>; C x = C(x_), y = C(y_); return T(expr); }, a, b); \
+    return ma_map([](T x_, T y_) { using C = fcalc_t<T>; C x = C(x_), y = C(y_); return T(__VA_ARGS__); }, a, b); \
   }
 MA_F2(pow, std::pow(x, y)) MA_F2(powr, std::pow(x, y)) MA_F2(atan2, std::atan2(x, y))
 MA_F2(fmod, std::fmod(x, y)) MA_F2(fdim, std::fdim(x, y)) MA_F2(copysign, std::copysign(x, y))
@@ -47,12 +47,12 @@ MA_F2(fmin, std::fmin(x, y)) MA_F2(fmax, std::fmax(x, y)) MA_F2(nextafter, std::
 MA_F2(divide, x / y) MA_F2(step, y < x ? C(0) : C(1)) MA_F2(hypot, std::hypot(x, y))
 #undef MA_F2
 
-#define MA_F3(name, expr)                                                                         \
+#define MA_F3(name, ...)                                                                         \
   template <class A, class B, class D,                                                            \
             std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_operand_v<D> && is_fp_v<calc_t<A, B, D>>, int> = 0> \
   inline auto name(const A& a, const B& b, const D& c) {                                          \
     using T = calc_t<A, B, D>;                                                                    \
-    return ma_map([](T x_, T y_, T z_) { using C = fcalc_t<T>; C x = C(x_), y = C(y_), z = C(z_); return T(expr); }, a, b, c); \
+    return ma_map([](T x_, T y_, T z_) { using C = fcalc_t<T>; C x = C(x_), y = C(y_), z = C(z_); return T(__VA_ARGS__); }, a, b, c); \
   }
 MA_F3(fma, std::fma(x, y, z)) MA_F3(mad, x * y + z) MA_F3(mix, x + (y - x) * z)
 MA_F3(smoothstep, [&] { C t = std::fmin(std::fmax((z - x) / (y - x), C(0)), C(1)); return t * t * (C(3) - C(2) * t); }())
@@ -111,9 +111,9 @@ inline auto ldexp(const A& a, const B& k) {
 }
 
 // ---------------------------------------------------------------- relational
-#define MA_REL(name, expr)                                                                        \
+#define MA_REL(name, ...)                                                                        \
   template <class A, std::enable_if_t<is_operand_v<A> && is_fp_v<calc_t<A>>, int> = 0>            \
-  inline auto name(const A& a) { using T = calc_t<A>; return ma_map([](T x_) -> bool { fcalc_t<T> x = fcalc_t<T>(x_); return expr; }, a); }
+  inline auto name(const A& a) { using T = calc_t<A>; return ma_map([](T x_) -> bool { fcalc_t<T> x = fcalc_t<T>(x_); return __VA_ARGS__; }, a); }
 MA_REL(isnan, std::isnan(x)) MA_REL(isinf, std::isinf(x)) MA_REL(isfinite, std::isfinite(x))
 MA_REL(isnormal, std::isnormal(x)) MA_REL(signbit, std::signbit(x))
 #undef MA_REL
@@ -171,22 +171,22 @@ template <class A, class B, class C> inline auto faceforward(const A& n, const B
 }
 
 // ---------------------------------------------------------------- integer functions
-#define MA_I1(name, expr)                                                                         \
+#define MA_I1(name, ...)                                                                         \
   template <class A, std::enable_if_t<is_operand_v<A> && is_int_v<calc_t<A>>, int> = 0>           \
   inline auto name(const A& a) {                                                                  \
     using T = calc_t<A>; using U = std::make_unsigned_t<T>;                                       \
-    return ma_map([](T x) -> T { U u = U(x); (void)u; return T(expr); }, a);                      \
+    return ma_map([](T x) -> T { U u = U(x); (void)u; return T(__VA_ARGS__); }, a);                      \
   }
 MA_I1(popcount, __builtin_popcountll((unsigned long long)u))
 MA_I1(clz, u == 0 ? int(sizeof(T) * 8) : __builtin_clzll((unsigned long long)u) - int(64 - sizeof(T) * 8))
 MA_I1(ctz, u == 0 ? int(sizeof(T) * 8) : __builtin_ctzll((unsigned long long)u))
 MA_I1(reverse_bits, [&] { U r = 0; for (unsigned i = 0; i < sizeof(T) * 8; ++i) if (u >> i & 1) r |= U(U(1) << (sizeof(T) * 8 - 1 - i)); return r; }())
 #undef MA_I1
-#define MA_I2(name, expr)                                                                         \
+#define MA_I2(name, ...)                                                                         \
   template <class A, class B, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_int_v<calc_t<A, B>>, int> = 0> \
   inline auto name(const A& a, const B& b) {                                                      \
     using T = calc_t<A, B>;                                                                       \
-    return ma_map([](T x, T y) -> T { using W = std::conditional_t<std::is_signed<T>::value, __int128, unsigned __int128>; (void)sizeof(W); return T(expr); }, a, b); \
+    return ma_map([](T x, T y) -> T { using W = std::conditional_t<std::is_signed<T>::value, __int128, unsigned __int128>; (void)sizeof(W); return T(__VA_ARGS__); }, a, b); \
   }
 MA_I2(absdiff, x > y ? x - y : y - x)
 MA_I2(addsat, W(x) + W(y) > W(std::numeric_limits<T>::max()) ? std::numeric_limits<T>::max()

@@ -70,7 +70,7 @@ template <class F, class... A> inline auto ma_map(F f, const A&... a) {
 // type, else the common type of the scalars
 template <bool HasVec, class... A> struct calc_type { using type = typename first_vec_elem<A...>::type; };
 template <class... A> struct calc_type<false, A...> {
-  using type = std::remove_cv_t<decltype((std::declval<A>() + ...))>;
+  using type = std::decay_t<decltype((std::declval<A>() + ...))>;
 };
 template <class... A> using calc_t =
     typename calc_type<(is_vec_v<A> || ...), std::remove_cv_t<std::remove_reference_t<A>>...>::type;

@@ -1,0 +1,30 @@
+// MSL emulator: the subset of <metal_stdlib> that compute kernels use, in C++17 for the CPU.
+// Kernels are translated by metal_accel/backends/msl_translate.py (address spaces, attributes,
+// threadgroup variables, launchers) and compiled against this header.
+#pragma once
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700  // ucontext fibers (before any system header)
+#define _DARWIN_C_SOURCE 1
+#endif
+#include "types.h"
+#include "vec.h"
+#include "vec_ops.h"
+#include "math.h"
+#include "atomics.h"
+#include "runtime.h"
+#include "sync.h"
+#include "simdgroup_matrix.h"
+
+// Metal's scalar and vector types are visible without `using namespace metal`
+#define MA_GLOBAL_VEC(name) using metal::name##2; using metal::name##3; using metal::name##4; \
+  using metal::packed_##name##2; using metal::packed_##name##3; using metal::packed_##name##4;
+MA_GLOBAL_VEC(float) MA_GLOBAL_VEC(half) MA_GLOBAL_VEC(bfloat) MA_GLOBAL_VEC(int) MA_GLOBAL_VEC(uint)
+MA_GLOBAL_VEC(short) MA_GLOBAL_VEC(ushort) MA_GLOBAL_VEC(char) MA_GLOBAL_VEC(uchar) MA_GLOBAL_VEC(bool)
+MA_GLOBAL_VEC(long) MA_GLOBAL_VEC(ulong)
+#undef MA_GLOBAL_VEC
+using metal::half;
+using metal::bfloat;
+using metal::uchar;
+using metal::ushort;
+using metal::uint;
+using metal::ulong;

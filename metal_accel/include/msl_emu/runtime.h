@@ -1,0 +1,349 @@
+// MSL emulator runtime: runs a kernel over a grid. Threadgroups are spread over OS threads (OpenMP);
+// within a threadgroup, threads run either as a plain loop (kernels without barriers or SIMD-group
+// functions) or as fibers, so that threadgroup_barrier and simd_* functions can suspend a thread
+// until the others arrive.
+#pragma once
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "vec.h"
+
+#if defined(__x86_64__) && defined(__linux__) && !defined(MA_FORCE_UCONTEXT)
+#define MA_ASM_SWITCH 1
+extern "C" void ma_fiber_switch_(void** save_sp, void* to_sp) __attribute__((visibility("hidden")));
+extern "C" void ma_fiber_start_() __attribute__((visibility("hidden")));
+// switch stacks: save callee-saved registers, MXCSR and the x87 control word on the current stack,
+// store its pointer to *save_sp, load to_sp and restore the same from there
+__asm__(R"(
+.text
+.p2align 4
+.globl ma_fiber_switch_
+.hidden ma_fiber_switch_
+.type ma_fiber_switch_,@function
+ma_fiber_switch_:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size ma_fiber_switch_,.-ma_fiber_switch_
+.p2align 4
+.globl ma_fiber_start_
+.hidden ma_fiber_start_
+.type ma_fiber_start_,@function
+ma_fiber_start_:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+.size ma_fiber_start_,.-ma_fiber_start_
+)");
+#else
+#include <ucontext.h>  // other platforms: portable but slower switching (a system call per switch)
+#endif
+#ifndef MAP_NORESERVE
+#define MAP_NORESERVE 0
+#endif
+#if !defined(MAP_ANONYMOUS) && defined(MAP_ANON)
+#define MAP_ANONYMOUS MAP_ANON
+#endif
+
+namespace ma_rt {
+
+constexpr int kSimdWidth = 32;
+constexpr int kMaxThreads = 1024;
+constexpr size_t kMaxThreadgroupMemory = 32768;
+constexpr size_t kStackBytes = 128 * 1024;
+constexpr size_t kSlotBytes = 64;
+constexpr int kMaxDepth = 8;
+
+// ---------------------------------------------------------------- one launch: error state
+struct Launch {
+  std::atomic<int> failed{0};
+  char msg[512] = {0};
+};
+inline thread_local Launch* tl_launch = nullptr;
+inline void fail(const char* fmt, ...) {
+  Launch* L = tl_launch;
+  if (!L) return;
+  int expected = 0;
+  if (L->failed.compare_exchange_strong(expected, 1)) {
+    va_list ap; va_start(ap, fmt); vsnprintf(L->msg, sizeof L->msg, fmt, ap); va_end(ap);
+  }
+}
+
+// ---------------------------------------------------------------- built-in thread position values
+struct Ids {
+  uint32_t tpig[3], tpitg[3], tgpig[3], tptg[3], dtptg[3], tgpg[3], tpg[3];
+  uint32_t tiitg, lane, sgid, nsg, dnsg, qlane, qid, nq, dnq;
+};
+template <class P> inline P attr3(const uint32_t* v) {  // a position attribute declared as P
+  using D = std::remove_cv_t<std::remove_reference_t<P>>;
+  if constexpr (metal::vlen_v<D> == 0) return D(v[0]);
+  else if constexpr (metal::vlen_v<D> == 2) return D(v[0], v[1]);
+  else if constexpr (metal::vlen_v<D> == 3) return D(v[0], v[1], v[2]);
+  else static_assert(metal::vlen_v<D> == 0, "position attributes are scalars, 2- or 3-vectors");
+}
+template <class P> inline P attr1(uint32_t v) {
+  using D = std::remove_cv_t<std::remove_reference_t<P>>;
+  static_assert(metal::vlen_v<D> == 0, "this thread-position attribute is a scalar (uint or ushort)");
+  return D(v);
+}
+// a buffer argument declared as P, bound to the bytes at p
+template <class P> inline P bindp(void* p) {
+  if constexpr (std::is_pointer<P>::value) return reinterpret_cast<P>(p);
+  else if constexpr (std::is_reference<P>::value) return *reinterpret_cast<std::remove_reference_t<P>*>(p);
+  else return *reinterpret_cast<const std::remove_cv_t<P>*>(p);
+}
+
+// ---------------------------------------------------------------- threadgroup memory accounting
+// Each `threadgroup` variable is static thread_local storage (one threadgroup per OS thread at a
+// time); the first thread of a group to reach its declaration fills it with 0xFF bytes (NaN for
+// floating types), so that reading memory no thread wrote is visible.
+struct TgNotes { const void* p[64]; size_t total; int n; };
+inline thread_local TgNotes tl_tg = {{nullptr}, 0, 0};
+inline void tg_reset() { tl_tg.n = 0; tl_tg.total = 0; }
+inline void tg_note(void* p, size_t bytes) {
+  for (int i = 0; i < tl_tg.n; ++i) if (tl_tg.p[i] == p) return;
+  if (tl_tg.n == 64) { fail("more than 64 threadgroup variables"); return; }
+  tl_tg.p[tl_tg.n++] = p;
+  tl_tg.total += bytes;
+  std::memset(p, 0xFF, bytes);
+  if (tl_tg.total > kMaxThreadgroupMemory)
+    fail("the kernel declares %zu bytes of threadgroup memory; Metal allows at most %zu", tl_tg.total, kMaxThreadgroupMemory);
+}
+
+// ---------------------------------------------------------------- fibers
+enum State { RUNNABLE = 0, WAIT_BARRIER = 1, WAIT_SIMD = 2, DONE = 3 };
+struct Group;
+typedef void (*SimdOp)(Group* g, int base, uint32_t mask);
+struct Fiber {
+  void* sp;
+  int state;
+  // where the thread waits: the source lines of the calls to helper functions that lead to the
+  // SIMD-group function (outermost first), then the line of the SIMD-group function's call
+  int path[kMaxDepth], depth, site[kMaxDepth + 1], nsite;
+  SimdOp op;
+#ifndef MA_ASM_SWITCH
+  ucontext_t uc;
+#endif
+};
+struct Slot { alignas(16) unsigned char in[kSlotBytes]; alignas(16) unsigned char out[kSlotBytes]; int64_t arg; };
+
+struct Group {
+  int n = 0, cur = 0;
+  Fiber fib[kMaxThreads];
+  Slot slot[kMaxThreads];
+  void* sched_sp = nullptr;
+#ifndef MA_ASM_SWITCH
+  ucontext_t sched_uc;
+#endif
+  const void* body_ctx = nullptr;
+  void (*body)(const void*, const Ids&) = nullptr;
+  Ids base;  // the group-wide values; per-thread ones are filled in when a fiber starts
+  char* stacks = nullptr;
+  size_t nstacks = 0;
+  ~Group() { if (stacks) munmap(stacks, nstacks * (kStackBytes + 4096)); }
+  char* stack_top(int i) { return stacks + size_t(i) * (kStackBytes + 4096) + 4096 + kStackBytes; }
+  void ensure_stacks(int count) {
+    if (nstacks >= size_t(count)) return;
+    if (stacks) munmap(stacks, nstacks * (kStackBytes + 4096));
+    size_t total = size_t(kMaxThreads) * (kStackBytes + 4096);
+    void* m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) { stacks = nullptr; nstacks = 0; return; }
+    stacks = static_cast<char*>(m);
+    nstacks = kMaxThreads;
+    for (int i = 0; i < kMaxThreads; ++i) mprotect(stacks + size_t(i) * (kStackBytes + 4096), 4096, PROT_NONE);  // guard
+  }
+  // suspend the running fiber `me` in STATE and return to the scheduler
+  void block(int me, int state) {
+    fib[me].state = state;
+#ifdef MA_ASM_SWITCH
+    ma_fiber_switch_(&fib[me].sp, sched_sp);
+#else
+    swapcontext(&fib[me].uc, &sched_uc);
+#endif
+  }
+};
+inline thread_local Group* tl_group = nullptr;
+inline thread_local std::unique_ptr<Group> tl_group_storage;  // one per OS thread, reused
+
+inline void fill_thread_ids(Ids& t, uint32_t x, uint32_t y, uint32_t z) {
+  t.tpitg[0] = x; t.tpitg[1] = y; t.tpitg[2] = z;
+  for (int d = 0; d < 3; ++d) t.tpig[d] = t.tgpig[d] * t.dtptg[d] + t.tpitg[d];
+  t.tiitg = x + t.tptg[0] * (y + t.tptg[1] * z);
+  t.lane = t.tiitg % kSimdWidth; t.sgid = t.tiitg / kSimdWidth;
+  t.qlane = t.tiitg % 4; t.qid = t.tiitg / 4;
+}
+
+inline void fiber_main(void*) {
+  Group* g = tl_group;
+  int me = g->cur;
+  Ids t = g->base;
+  uint32_t w = t.tptg[0], h = t.tptg[1];
+  fill_thread_ids(t, uint32_t(me) % w, (uint32_t(me) / w) % h, uint32_t(me) / (w * h));
+  g->body(g->body_ctx, t);
+  g->block(me, DONE);
+  __builtin_unreachable();
+}
+#ifndef MA_ASM_SWITCH
+inline void fiber_main_uc() { fiber_main(nullptr); }
+#endif
+
+inline int site_cmp(const Fiber& a, const Fiber& b) {
+  for (int k = 0; k < a.nsite && k < b.nsite; ++k)
+    if (a.site[k] != b.site[k]) return a.site[k] < b.site[k] ? -1 : 1;
+  return a.nsite - b.nsite;
+}
+// Calls to helper functions that reach SIMD-group functions are wrapped by the translator in
+// (SiteGuard(__LINE__), helper(...)): the line is on the thread's call path while the helper runs.
+struct SiteGuard {
+  Fiber* f;
+  explicit SiteGuard(int line) : f(nullptr) {
+    Group* g = tl_group;
+    if (!g) return;
+    f = &g->fib[g->cur];
+    if (f->depth < kMaxDepth) f->path[f->depth] = line;
+    ++f->depth;
+  }
+  ~SiteGuard() { if (f) --f->depth; }
+  SiteGuard(const SiteGuard&) = delete;
+  SiteGuard& operator=(const SiteGuard&) = delete;
+};
+
+// run every fiber until it finishes or waits; then release one wait; repeat until all are done
+inline bool release_waits(Group* g) {
+  bool released = false;
+  for (int base = 0; base < g->n; base += kSimdWidth) {
+    int end = base + kSimdWidth < g->n ? base + kSimdWidth : g->n;
+    // Which waiting call goes first, as a GPU runs divergent lanes before they reconverge: the
+    // call site first in program order (a branch before the code after it, a loop body before
+    // the code after the loop), comparing call paths through helper functions. All lanes waiting
+    // at that call site are its active set.
+    int best = -1;
+    for (int i = base; i < end; ++i)
+      if (g->fib[i].state == WAIT_SIMD && (best < 0 || site_cmp(g->fib[i], g->fib[best]) < 0)) best = i;
+    if (best < 0) continue;
+    uint32_t mask = 0;
+    for (int i = base; i < end; ++i)
+      if (g->fib[i].state == WAIT_SIMD && site_cmp(g->fib[i], g->fib[best]) == 0 && g->fib[i].op == g->fib[best].op)
+        mask |= 1u << (i - base);
+    g->fib[best].op(g, base, mask);
+    for (int i = base; i < end; ++i) if (mask >> (i - base) & 1u) g->fib[i].state = RUNNABLE;
+    released = true;
+  }
+  if (released) return true;
+  for (int i = 0; i < g->n; ++i)  // threadgroup barrier: threads that have returned count as arrived
+    if (g->fib[i].state == WAIT_BARRIER) { g->fib[i].state = RUNNABLE; released = true; }
+  return released;
+}
+
+inline void run_fibers(Group* g) {
+  g->ensure_stacks(g->n);
+  if (!g->stacks) { fail("cannot allocate fiber stacks"); return; }
+  for (int i = 0; i < g->n; ++i) {
+    Fiber& f = g->fib[i];
+    f.state = RUNNABLE; f.depth = 0; f.nsite = 0; f.op = nullptr;
+#ifdef MA_ASM_SWITCH
+    void** sp = reinterpret_cast<void**>(g->stack_top(i) - 80);  // frame popped by ma_fiber_switch_
+    reinterpret_cast<uint32_t*>(sp)[0] = 0x1F80;                 // MXCSR default
+    reinterpret_cast<uint16_t*>(sp)[2] = 0x037F;                 // x87 control word default
+    sp[1] = nullptr; sp[2] = nullptr;                            // r15 r14
+    sp[3] = reinterpret_cast<void*>(&fiber_main);                // r13: entry
+    sp[4] = nullptr;                                             // r12: argument
+    sp[5] = nullptr; sp[6] = nullptr;                            // rbx rbp
+    sp[7] = reinterpret_cast<void*>(&ma_fiber_start_);           // return address
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = g->stack_top(i) - kStackBytes;
+    f.uc.uc_stack.ss_size = kStackBytes;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, fiber_main_uc, 0);
+#endif
+  }
+  do {
+    for (int i = 0; i < g->n; ++i) {
+      if (g->fib[i].state != RUNNABLE) continue;
+      g->cur = i;
+#ifdef MA_ASM_SWITCH
+      ma_fiber_switch_(&g->sched_sp, g->fib[i].sp);
+#else
+      swapcontext(&g->sched_uc, &g->fib[i].uc);
+#endif
+    }
+  } while (release_waits(g));
+}
+
+template <class F> inline void call_body(const void* ctx, const Ids& t) { (*static_cast<const F*>(ctx))(t); }
+
+// ---------------------------------------------------------------- launch
+// dims: grid (x,y,z) then threadgroup size (x,y,z). Returns 0, or 1 with a message in err.
+template <class F>
+inline int launch(const uint64_t* dims, int use_fibers, const F& body, char* err, int errlen) {
+  Launch L;
+  uint64_t grid[3] = {dims[0], dims[1], dims[2]}, tg[3] = {dims[3], dims[4], dims[5]}, ng[3];
+  for (int d = 0; d < 3; ++d) ng[d] = (grid[d] + tg[d] - 1) / tg[d];
+  const int64_t total = int64_t(ng[0] * ng[1] * ng[2]);
+  const uint32_t nominal = uint32_t(tg[0] * tg[1] * tg[2]);
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)
+  for (int64_t gi = 0; gi < total; ++gi) {
+    if (L.failed.load(std::memory_order_relaxed)) continue;
+    tl_launch = &L;
+    tg_reset();
+    Ids t;
+    uint64_t gp[3] = {uint64_t(gi) % ng[0], (uint64_t(gi) / ng[0]) % ng[1], uint64_t(gi) / (ng[0] * ng[1])};
+    for (int d = 0; d < 3; ++d) {
+      t.tgpig[d] = uint32_t(gp[d]); t.dtptg[d] = uint32_t(tg[d]); t.tgpg[d] = uint32_t(ng[d]);
+      t.tpg[d] = uint32_t(grid[d]);
+      uint64_t left = grid[d] - gp[d] * tg[d];
+      t.tptg[d] = uint32_t(left < tg[d] ? left : tg[d]);  // the last group of a dimension may be smaller
+    }
+    const uint32_t count = t.tptg[0] * t.tptg[1] * t.tptg[2];
+    t.nsg = (count + kSimdWidth - 1) / kSimdWidth; t.dnsg = (nominal + kSimdWidth - 1) / kSimdWidth;
+    t.nq = (count + 3) / 4; t.dnq = (nominal + 3) / 4;
+    if (!use_fibers) {
+      tl_group = nullptr;
+      for (uint32_t z = 0; z < t.tptg[2]; ++z)
+        for (uint32_t y = 0; y < t.tptg[1]; ++y)
+          for (uint32_t x = 0; x < t.tptg[0]; ++x) { fill_thread_ids(t, x, y, z); body(t); }
+    } else {
+      Group* group = tl_group_storage.get();
+      if (!group) { tl_group_storage.reset(new Group()); group = tl_group_storage.get(); }
+      group->n = int(count);
+      group->base = t;
+      group->body_ctx = &body;
+      group->body = &call_body<F>;
+      tl_group = group;
+      run_fibers(group);
+      tl_group = nullptr;
+    }
+    tl_launch = nullptr;
+  }
+  if (L.failed.load()) {
+    std::snprintf(err, size_t(errlen), "%s", L.msg);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ma_rt
