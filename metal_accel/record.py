@@ -172,3 +172,28 @@ def stop_recording() -> None:
     if _recorder is not None:
         _recorder.stop()
         _recorder = None
+
+
+def synthesize_recorded(providers: list[Any], *, top: int = 10, backend: str | None = None,
+                        **optimize_kwargs: Any) -> list[tuple[RecordedCall, Any]]:
+    """Optimize the `top` hottest recorded calls offline, on inputs drawn from their specs.
+
+    The kernels that win land in the user cache, where `import metal_accel` finds them on the next
+    run. Returns (recording, report or the reason it was skipped) pairs.
+    """
+    from .api import explain, optimize
+    from .testdata import make_inputs
+
+    out: list[tuple[RecordedCall, Any]] = []
+    for rec in recorded_calls()[:top]:
+        try:
+            module = load_recorded_module(rec)
+        except Exception as exc:  # no pickled copy, or its class no longer imports
+            out.append((rec, f"skipped: {type(exc).__name__}: {exc}"))
+            continue
+        tensors = rec.input_spec.tensor_specs()
+        device = tensors[0].device if tensors else "cpu"
+        args, kwargs = make_inputs(rec.input_spec, "normal", torch.Generator().manual_seed(0), device)
+        optimize(module.eval(), args, kwargs, backend=backend, providers=providers, **optimize_kwargs)
+        out.append((rec, explain(module)))
+    return out

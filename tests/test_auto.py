@@ -128,3 +128,18 @@ def test_recording_then_offline_listing(tmp_path, isolated_user_cache):
     assert recs["Net"].total_s >= recs["Chain"].total_s  # inclusive times: the parent is hotter
     module = load_recorded_module(recs["Chain"])
     assert type(module).__name__ == "Chain"
+
+
+def test_recorded_calls_are_synthesized_offline_then_run_by_import(tmp_path, isolated_user_cache):
+    script = (f"import sys, torch\nsys.path.insert(0, {str(HERE)!r})\nimport metal_accel\n"
+              "from toymodels import Net\nm = Net().eval()\n"
+              "with torch.inference_mode():\n    m(torch.randn(4, 256))\n")
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from metal_accel.record import synthesize_recorded
+    results = synthesize_recorded([candidates(tmp_path, good=GOOD)], top=5, progress=False)
+    chain = [rep for rec, rep in results if rec.class_path.endswith(".Chain")]
+    assert chain and chain[0].modules[0].status == "kernel"
+    res = run_script(isolated_user_cache, "import metal_accel\nfrom toymodels import Net")
+    assert res["hits"] == 1  # the next ordinary run picks the kernel up with no code change
