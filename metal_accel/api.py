@@ -21,7 +21,9 @@ from .prove import ProofSettings
 from .worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
 from .synth.base import CandidateProvider
-from .synth.directory import provider_from_spec
+from .synth.models import ModelSpec
+from .synth.providers import build_providers
+from .synth.settings import SynthSettings
 
 log = logging.getLogger(__name__)
 _REPORT_ATTR = "_metal_accel_report"
@@ -36,20 +38,21 @@ def _device_of(model: nn.Module, args: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _providers(providers: Iterable[str | CandidateProvider] | None) -> list[CandidateProvider]:
-    return [provider_from_spec(p) if isinstance(p, str) else p for p in (providers or [])]
-
-
 def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, Any] | None = None, *,
              backend: str | Backend | None = None, providers: Iterable[str | CandidateProvider] | None = None,
              strict: bool = False, margin: float = DEFAULT_MARGIN, progress: bool | None = None,
-             bench_budget_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S) -> nn.Module:
+             bench_budget_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S, synthesize: bool | None = None,
+             models: Sequence[str | ModelSpec] | str | None = None,
+             synth_settings: SynthSettings | None = None) -> nn.Module:
     """Swap proven, faster kernels into `model` for the calls that `example_inputs` exercise.
 
     Returns the same model object, patched in place; `restore(model)` undoes it and
     `explain(model)` returns the report of every decision. Modules without a proven kernel keep
     their eager forward. Errors are logged and fall back to eager unless `strict=True`.
     `providers` supply candidates on a cache miss, e.g. ``["dir:path/to/candidates"]``.
+    `synthesize=True` asks LLMs on a cache miss: `models` such as ``["openai:gpt-5",
+    "anthropic:claude-sonnet-4-5"]`` (default: METAL_ACCEL_MODELS); `synth_settings` sets samples,
+    repair rounds and budgets (see docs/synthesis.md). Naming `models` implies `synthesize`.
     New or foreign candidates compile and run first in a worker process limited to `timeout_s`.
     """
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
@@ -63,7 +66,8 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
         be = backend if isinstance(backend, Backend) else \
             get_backend(backend) if backend else backend_for_device(_device_of(model, args))
         settings = ProofSettings(margin=margin, bench_budget_s=bench_budget_s, timeout_s=timeout_s)
-        plan = Pipeline(be, _providers(providers), settings=settings, strict=strict)
+        plan = Pipeline(be, build_providers(providers, synthesize=synthesize, models=models, settings=synth_settings,
+                                            strict=strict, progress=progress), settings=settings, strict=strict)
         calls = capture(model, args, example_kwargs, sync=be.synchronize)
     except MetalAccelError as exc:
         if strict:

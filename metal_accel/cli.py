@@ -1,4 +1,4 @@
-"""The `metal-accel` command: doctor, cache ls|show|clear|export|import|verify."""
+"""The `metal-accel` command: doctor, synth, cache ls|show|clear|export|import|verify."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,13 @@ from typing import Sequence
 
 import torch
 
-from . import __version__, cache as cache_mod, cli_bundle, config
+from . import __version__, cache as cache_mod, cli_bundle, cli_synth, config
 from .backends import available_backends, get_backend, known_backends
 from .errors import MetalAccelError
 
 # Environment variables the LLM providers read; only their presence is ever reported.
-PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL")
+PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
+                 "METAL_ACCEL_COMPATIBLE_API_KEY", "METAL_ACCEL_MODELS")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("-y", "--yes", action="store_true", help="do not ask")
     clear.set_defaults(fn=cmd_cache_clear)
     cli_bundle.add_parsers(csub)
+    cli_synth.add_parser(sub)
     return p
 
 

@@ -120,20 +120,19 @@ class SDKChatClient:
                     coro = asyncio.wait_for(coro, max(0.0, deadline - t0))
                 text, t_in, t_out, estimated = await coro
             except asyncio.TimeoutError:
-                raise RequestFailed(f"{self.spec.label}: out of time budget while waiting for an answer") from None
+                raise RequestFailed("out of time budget while waiting for an answer") from None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 kind = self._classify(exc)
                 what = scrub_exception(exc)
                 if kind == "fatal":
-                    raise RequestFailed(f"{self.spec.label}: {what}", fatal=True) from None
+                    raise RequestFailed(what, fatal=True) from None
                 if kind == "fail" or retries >= self.settings.extra_retries:
-                    raise RequestFailed(f"{self.spec.label}: {what}"
-                                        + (f" (after {retries} extra retries)" if retries else "")) from None
+                    raise RequestFailed(what + (f" (after {retries} extra retries)" if retries else "")) from None
                 delay = self._backoff(exc, retries)
                 if deadline is not None and time.monotonic() + delay >= deadline:
-                    raise RequestFailed(f"{self.spec.label}: {what} (no time budget left to retry)") from None
+                    raise RequestFailed(f"{what} (no time budget left to retry)") from None
                 retries += 1
                 log.info("metal_accel: %s: %s; retry %d in %.1f s", self.spec.label, what, retries, delay)
                 await asyncio.sleep(delay)

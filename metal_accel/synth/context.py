@@ -91,8 +91,9 @@ def _score(entry: CacheEntry, fingerprint: str, class_name: str, backend: str, k
     same_backend = 0.2 if entry.backend == backend else 0.0
     if name == class_name:
         return 2.0 + same_backend, "a module of the same class with another configuration"
-    ratio = difflib.SequenceMatcher(None, name.lower(), class_name.lower()).ratio()
-    if ratio >= 0.6:
+    a, b = name.lower(), class_name.lower()
+    ratio = 0.9 if (a in b or b in a) else difflib.SequenceMatcher(None, a, b).ratio()  # LlamaRMSNorm ~ RMSNorm
+    if ratio >= 0.75:
         return ratio + same_backend, f"the most similar cached module ({name})"
     return 0.0, ""
 

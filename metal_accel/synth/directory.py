@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .base import ProposedText, SynthesisRequest
+from .models import is_model_spec
 
 _SUFFIXES = (".py", ".md", ".txt")
 
@@ -36,9 +38,13 @@ class DirectoryProvider:
         return [ProposedText(p.read_text(), f"dir:{p}") for p in self.files_for(request.class_name, request.backend)]
 
 
-def provider_from_spec(spec: str) -> DirectoryProvider:
-    """Build a provider from a string such as "dir:PATH" (LLM providers come with the synthesis issue)."""
+def provider_from_spec(spec: str) -> Any:
+    """Build a provider from a string: "dir:PATH", or one LLM ("openai:<model>", "anthropic:<model>",
+    "openai-compatible:<base_url>#<model>"; see synth/models.py)."""
     kind, _, arg = spec.partition(":")
     if kind == "dir" and arg:
         return DirectoryProvider(arg)
-    raise ValueError(f"unknown provider {spec!r}; expected 'dir:PATH'")
+    if is_model_spec(spec):
+        from .loop import SynthesisLoop
+        return SynthesisLoop([spec])
+    raise ValueError(f"unknown provider {spec!r}; expected 'dir:PATH' or a model name such as 'openai:<model>'")

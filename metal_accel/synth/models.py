@@ -45,21 +45,30 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _shown(text: str) -> str:
+    """A model name as quoted in error messages: URLs without credentials or query."""
+    kind, _, rest = text.partition(":")
+    if "://" not in text:
+        return text
+    base, hash_, model = rest.rpartition("#") if "#" in rest else (rest, "", "")
+    return f"{kind}:{_public_url(base)}{hash_}{model}"
+
+
 def parse_model(spec: str) -> ModelSpec:
     """Parse one model name; raise ProviderConfigError saying what is expected."""
     text = spec.strip()
     kind, sep, rest = text.partition(":")
     if not sep or kind not in KINDS or not rest:
         raise ProviderConfigError(
-            f"bad model name {_public_url(text) if '://' in text else text!r}: expected 'openai:<model>', "
+            f"bad model name {_shown(text)!r}: expected 'openai:<model>', "
             "'anthropic:<model>' or 'openai-compatible:<base_url>#<model>'")
     if kind == "openai-compatible":
         base_url, hash_, model = rest.rpartition("#")
         if not hash_ or not base_url or not model or "://" not in base_url:
             raise ProviderConfigError(
-                f"bad model name for an OpenAI-compatible server: expected "
-                f"'openai-compatible:<base_url>#<model>', e.g. 'openai-compatible:http://localhost:11434/v1#qwen2.5-coder', "
-                f"got {ModelSpec(kind, model or '?', base_url).label!r}")
+                "bad model name for an OpenAI-compatible server: expected "
+                "'openai-compatible:<base_url>#<model>', e.g. 'openai-compatible:http://localhost:11434/v1#qwen2.5-coder', "
+                f"got {_shown(text)!r}")
         return ModelSpec(kind, model, base_url)
     return ModelSpec(kind, rest)
 

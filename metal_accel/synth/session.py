@@ -105,7 +105,7 @@ class ModuleSession:
                 attempt.outcome = f"request failed: {exc}"
                 self._note(attempt)
                 if exc.fatal:
-                    self.dead.setdefault(model, str(exc))
+                    self.dead.setdefault(model, f"{model.label}: {exc}")
                 return None
             finally:
                 self.inflight.exit()

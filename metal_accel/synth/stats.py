@@ -44,6 +44,8 @@ class InFlight:
         self.peak = 0
         self.busy_s = 0.0
         self.area = 0.0
+        self.evaluating = False
+        self.overlap_s = 0.0  # time with requests in flight while a candidate was being evaluated
         self._last = time.monotonic()
         self._lock = threading.Lock()
 
@@ -52,6 +54,8 @@ class InFlight:
         if self.n > 0:
             self.busy_s += now - self._last
             self.area += self.n * (now - self._last)
+            if self.evaluating:
+                self.overlap_s += now - self._last
         self._last = now
 
     def enter(self) -> None:
@@ -64,6 +68,11 @@ class InFlight:
         with self._lock:
             self._advance()
             self.n -= 1
+
+    def set_evaluating(self, on: bool) -> None:
+        with self._lock:
+            self._advance()
+            self.evaluating = on
 
     @property
     def average(self) -> float:
@@ -89,6 +98,8 @@ class ModuleRecord:
     llm_busy_s: float = 0.0         # time with at least one request in flight
     concurrency: float = 0.0        # mean requests in flight while busy
     peak_in_flight: int = 0
+    overlap_s: float = 0.0          # requests in flight while evaluating
+    prompt_s: float = 0.0           # building the prompt (profile, references)
     eval_s: float = 0.0             # time spent evaluating (serialized)
     compile_s: float = 0.0
     validate_s: float = 0.0
@@ -101,8 +112,11 @@ class ModuleRecord:
         self.evaluations += 1
         self.eval_s += seconds
         t = ev.verdict.details.get("timings", {}) if isinstance(ev.verdict.details, dict) else {}
-        self.compile_s += float(t.get("compile_s", 0.0))
-        self.validate_s += float(t.get("validate_s", 0.0))
+        compile_s = float(t.get("compile_s", 0.0))
+        self.compile_s += compile_s
+        # prove.py: isolated_run_s = worker round trip (compile + trials), judge_s = comparison with eager
+        run_s = float(t.get("isolated_run_s", compile_s))
+        self.validate_s += max(0.0, run_s - compile_s) + float(t.get("judge_s", 0.0))
         self.bench_s += float(t.get("bench_s", 0.0))
         if ev.verdict.accepted:
             self.accepted += 1
@@ -129,5 +143,6 @@ class ModuleRecord:
     def summary(self) -> str:
         best = f"best {self.best_speedup:.2f}x ({self.best_origin})" if self.best_speedup else "no kernel accepted"
         stop = f"; stopped: {self.stop_reason}" if self.stop_reason else ""
-        return (f"{self.module_class.rsplit('.', 1)[-1]}: {len(self.attempts)} answers, {self.evaluations} evaluated, "
+        n = len(self.attempts)
+        return (f"{self.module_class.rsplit('.', 1)[-1]}: {n} answer{'s' if n != 1 else ''}, {self.evaluations} evaluated, "
                 f"{best}; {self.tokens_in + self.tokens_out} tokens, ${self.cost_usd:.4f}, {self.wall_s:.1f} s{stop}")

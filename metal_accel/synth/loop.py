@@ -1,0 +1,154 @@
+"""The LLM provider: best-of-N synthesis with repair rounds, as an InteractiveProvider of the pipeline."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+from ..candidate import Candidate
+from ..errors import MetalAccelError
+from ..keys import entry_key
+from ..specs import TensorSpec
+from .base import Evaluate, Evaluation, SynthesisRequest
+from .bridge import run_with_evaluator
+from .budget import Budget, Meter
+from .clients import check_configured, make_client
+from .context import find_references, profile_breakdown
+from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
+from .prompts import Prompt, build_prompt
+from .session import ClientFactory, ModuleSession
+from .settings import SynthSettings
+from .stats import ModuleRecord
+
+log = logging.getLogger(__name__)
+
+
+class SynthesisError(MetalAccelError):
+    """Synthesis ran (or could not start) and produced no candidate to evaluate; the message says why."""
+
+
+NO_MODELS = (f"synthesis requested but no LLM is configured: name models (optimize(..., models=[...]) or "
+             f"`metal-accel synth --models ...`) or set {MODELS_ENV}, e.g. 'openai:gpt-5,anthropic:claude-sonnet-4-5' "
+             "or 'openai-compatible:http://localhost:11434/v1#qwen2.5-coder'")
+
+
+class SynthesisLoop:
+    """Writes kernels with LLMs. For each module call without a cached kernel: `samples`
+    conversations per model run concurrently, each answer is proven by the pipeline's `evaluate`
+    (one at a time) and its verdict fed back for up to `repair_rounds` repairs; every evaluation is
+    returned, so the pipeline installs the fastest proven one. Token, cost and time budgets hold per
+    module and over the loop's lifetime (one optimize() run when optimize builds it).
+
+    `records` keeps one ModuleRecord per synthesized module (attempts, time split, concurrency).
+    """
+
+    def __init__(self, models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
+                 *, client_factory: ClientFactory | None = None) -> None:
+        self.settings = settings or SynthSettings.from_env()
+        self.models = resolve_models(models)
+        self.name = "llm:" + ",".join(m.label for m in self.models) if self.models else "llm"
+        self.client_factory: ClientFactory = client_factory or make_client
+        self.dead: dict[ModelSpec, str] = {}  # model -> why it is unusable (credentials, unknown model)
+        if client_factory is None:
+            for m in self.models:
+                try:
+                    check_configured(m, self.settings)
+                except ProviderConfigError as exc:
+                    self.dead[m] = str(exc)
+                    log.warning("metal_accel: %s", exc)
+        self.run_meter = Meter("run", self.settings.run_limits)
+        self.records: list[ModuleRecord] = []
+        self._done: dict[str, str] = {}  # entry key -> summary of its synthesis in this loop's lifetime
+
+    @property
+    def configuration_error(self) -> str:
+        """'' when at least one model is usable, else why synthesis cannot run."""
+        if not self.models:
+            return NO_MODELS
+        if all(m in self.dead for m in self.models):
+            return "no usable LLM: " + "; ".join(self.dead[m] for m in self.models)
+        return ""
+
+    def synthesize(self, request: SynthesisRequest, evaluate: Evaluate) -> list[Evaluation]:
+        s = self.settings
+        if not s.wants(request.class_name, request.module_class):
+            return []
+        problem = self.configuration_error
+        if problem:
+            raise ProviderConfigError(problem)
+        why = self.run_meter.exceeded()
+        if why:
+            raise SynthesisError(f"not synthesized: {why}")
+        key = entry_key(request.fingerprint, request.input_spec, request.backend)
+        if key in self._done:  # e.g. the same layer repeated in a model: its verdicts are cached already
+            raise SynthesisError(f"synthesized earlier in this run: {self._done[key]}")
+        models = [m for m in self.models if m not in self.dead]
+        record = ModuleRecord(request.module_class, request.backend, [m.label for m in models])
+        start = time.monotonic()
+        prompt = self.prompt_for(request)
+        record.prompt_s = time.monotonic() - start
+        session = ModuleSession(request, prompt, models, s, Budget(Meter("module", s.module_limits), self.run_meter),
+                                record, self.client_factory, self.dead)
+
+        def timed(cand: Candidate) -> Evaluation:
+            t0 = time.monotonic()
+            session.inflight.set_evaluating(True)
+            try:
+                ev = evaluate(cand)
+            finally:
+                session.inflight.set_evaluating(False)
+            record.add_evaluation(ev, time.monotonic() - t0)
+            return ev
+
+        _, evaluations = run_with_evaluator(session.run, timed)
+        record.wall_s = time.monotonic() - start
+        record.llm_busy_s, record.concurrency = session.inflight.busy_s, session.inflight.average
+        record.peak_in_flight, record.overlap_s = session.inflight.peak, session.inflight.overlap_s
+        if not record.stop_reason and models and all(m in self.dead for m in models):
+            record.stop_reason = "no usable model left: " + "; ".join(self.dead[m] for m in models)
+        totals = record.totals()
+        for ev in evaluations:
+            provenance = {**session.provenance.get(ev.candidate.digest, {}), "module": totals}
+            ev.verdict.details = {**ev.verdict.details, "provenance": provenance}
+        self.records.append(record)
+        self._done[key] = record.summary()
+        log.info("metal_accel: synth %s", record.summary())
+        if not evaluations:
+            raise SynthesisError(self._nothing_to_evaluate(record))
+        return evaluations
+
+    def prompt_for(self, request: SynthesisRequest) -> Prompt:
+        """The prompt for one request, with profile and references as the settings ask."""
+        device = _device(request)
+        try:
+            from ..backends import get_backend
+            device_name = get_backend(request.backend).environment().device_name
+        except Exception:
+            device_name = str(device)
+        profile = profile_breakdown(request.module, request.input_spec, device) if self.settings.profile else ""
+        references = find_references(request.fingerprint, request.class_name, request.backend,
+                                     entry_key(request.fingerprint, request.input_spec, request.backend)) \
+            if self.settings.references else []
+        return build_prompt(request, device=device_name, profile=profile, references=references)
+
+    @staticmethod
+    def _nothing_to_evaluate(record: ModuleRecord) -> str:
+        last: dict[str, str] = {}
+        for a in record.attempts:
+            last[a.model] = a.outcome
+        parts = [f"{m}: {o}" for m, o in last.items()] or ["no answer"]
+        n = len(record.attempts)
+        stop = record.stop_reason
+        stop = f"; stopped: {stop}" if stop and not stop.startswith("no usable model left") else ""
+        return f"no candidate to evaluate after {n} request{'s' if n != 1 else ''} ({'; '.join(parts)}){stop}"
+
+
+def _device(request: SynthesisRequest) -> torch.device:
+    for spec in request.input_spec.tensor_specs():
+        if isinstance(spec, TensorSpec):
+            return torch.device(spec.device)
+    for p in request.module.parameters():
+        return p.device
+    return torch.device("cpu")
