@@ -18,7 +18,10 @@ def add_parser(sub: Any) -> None:
                        description="Optimize each problem's Model with LLM synthesis and print the report. PATH is a "
                        ".py file defining Model, get_inputs() and get_init_inputs(), a directory of them, or a JSON-lines "
                        "file with one problem's code per row.")
-    p.add_argument("path", help="problem .py file, directory, or .jsonl file")
+    p.add_argument("path", nargs="?", help="problem .py file, directory, or .jsonl file")
+    p.add_argument("--recorded", action="store_true",
+                   help="instead of PATH: the hottest module calls recorded with METAL_ACCEL_RECORD=1")
+    p.add_argument("--top", type=int, default=10, help="with --recorded: how many recorded calls (default 10)")
     p.add_argument("--models", default=None, help="comma-separated model names (default: METAL_ACCEL_MODELS), e.g. "
                    "openai:gpt-5,anthropic:claude-sonnet-4-5,openai-compatible:http://localhost:11434/v1#qwen2.5-coder")
     p.add_argument("--backend", default=None, help="backend (default: mps, else cuda, else cpu, as available)")
@@ -103,4 +106,19 @@ def cmd_synth(args: argparse.Namespace) -> int:
     meter = loop.run_meter
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {meter.requests} requests, "
           f"{meter.tokens} tokens, ${meter.cost_usd:.4f}, {meter.elapsed_s:.0f} s", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _synth_recorded(args: argparse.Namespace, loop: Any) -> int:
+    """Synthesize the hottest calls that ran eager during a METAL_ACCEL_RECORD=1 run."""
+    from .record import recorded_calls, synthesize_recorded
+
+    if not recorded_calls():
+        print("metal-accel synth: nothing recorded yet; run your program once with METAL_ACCEL_RECORD=1",
+              file=sys.stderr)
+        return 1
+    for rec, result in synthesize_recorded([loop], top=args.top, backend=args.backend):
+        print(f"# {rec.class_path} {rec.input_spec.describe()}: {rec.calls} calls, {rec.mean_us:.1f} us each")
+        print(result if isinstance(result, str) else result.table())
+        print()
     return 0

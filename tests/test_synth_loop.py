@@ -306,3 +306,24 @@ def test_missing_key_gives_a_clear_reason(monkeypatch):
     model = Chain().eval()
     rep = synth(model, [], synthesize=True)
     assert rep.status == "eager" and "OPENAI_API_KEY" in rep.reason, rep.reason
+
+
+def test_cli_synth_recorded_runs_the_llm_on_recorded_calls(llm, capsys, isolated_user_cache):
+    import os
+    import subprocess
+    import sys
+    from metal_accel.cli import main
+    here = Path(__file__).parent
+    server = llm({"gpt-4o": [fence(GOOD)]})
+    assert main(["synth", "--recorded", "--models", "openai:gpt-4o"]) == 1  # nothing recorded yet
+    script = (f"import sys, torch\nsys.path.insert(0, {str(here)!r})\nimport metal_accel\n"
+              "from toymodels import Chain\nm = Chain().eval()\n"
+              "with torch.inference_mode():\n    m(torch.randn(4, 256))\n")
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    capsys.readouterr()
+    assert main(["synth", "--recorded", "--top", "1", "--models", "openai:gpt-4o"]) == 0
+    printed = capsys.readouterr().out
+    assert "toymodels.Chain float32[4,256]" in printed and "kernel" in printed
+    assert len(server.requests) >= 1
