@@ -55,7 +55,7 @@ def _settings(args: argparse.Namespace) -> Any:
         changes["run_limits"] = Limits(tokens=args.max_tokens if args.max_tokens is not None else r.tokens,
                                        cost_usd=args.max_cost if args.max_cost is not None else r.cost_usd,
                                        wall_s=args.max_wall if args.max_wall is not None else r.wall_s)
-    if not args.all_modules:
+    if not args.all_modules and not args.recorded:  # a KernelBench problem's module is its Model
         changes["only_classes"] = ("Model",)
     if args.no_profile:
         changes["profile"] = False
@@ -72,6 +72,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
     problem = loop.configuration_error
     if problem:
         print(f"metal-accel synth: {problem}", file=sys.stderr)
+        return 2
+    if args.recorded:
+        return _synth_recorded(args, loop)
+    if not args.path:
+        print("metal-accel synth: give a PATH of problems, or --recorded", file=sys.stderr)
         return 2
     usable = available_backends()
     backend = get_backend(args.backend or next((b for b in ("mps", "cuda", "cpu") if b in usable), "cpu"))
