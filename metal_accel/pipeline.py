@@ -77,7 +77,7 @@ class Pipeline:
             verdict = entry.verdict_for(self.env)
             if verdict is not None and verdict.accepted and verdict.candidate_digest == entry.candidate.digest:
                 self._install(call, key, entry.candidate)
-                self._accept(rep, call, verdict, f"cache:{entry.origin}")
+                self._accept(rep, entry.candidate, verdict, f"cache:{entry.origin}")
                 return
             if verdict is None:  # proven elsewhere (or shipped): prove it again here, once
                 ev = self.evaluate(call, key, entry.candidate)
@@ -87,7 +87,7 @@ class Pipeline:
                 user.put(entry)
                 if ev.verdict.accepted:
                     self._install(call, key, entry.candidate, ev.op)
-                    self._accept(rep, call, ev.verdict, f"cache:{entry.origin} (re-validated here)")
+                    self._accept(rep, entry.candidate, ev.verdict, f"cache:{entry.origin} (re-validated here)")
                     return
                 rep.rejected.append(f"{entry.candidate.origin}: {ev.verdict.reason}")
             elif not verdict.accepted:
@@ -126,7 +126,7 @@ class Pipeline:
         user.put(new)
         if winners:
             self._install(call, key, winners[0].candidate, winners[0].op)
-            self._accept(rep, call, winners[0].verdict, winners[0].candidate.origin)
+            self._accept(rep, winners[0].candidate, winners[0].verdict, winners[0].candidate.origin)
         else:
             rep.reason = f"all {len(losers)} candidates rejected; best: {new.verdicts[self.env.id].reason}"
 
@@ -186,8 +186,8 @@ class Pipeline:
         self.installed.add(id(call.module))
 
     @staticmethod
-    def _accept(rep: ModuleReport, call: ModuleCall, verdict: Verdict, source: str) -> None:
-        builtin = source.startswith("builtin:") or "torch.compile" in source
+    def _accept(rep: ModuleReport, cand: Candidate, verdict: Verdict, source: str) -> None:
+        builtin = cand.is_builtin
         rep.status, rep.source, rep.reason = "compile" if builtin else "kernel", source, verdict.reason
         rep.speedup = verdict.speedup
         if builtin:
