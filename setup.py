@@ -19,8 +19,11 @@ if sys.platform == "darwin" and mps_sources and os.environ.get("METAL_ACCEL_NO_E
         CppExtension(
             "metal_accel._mps_ext",
             mps_sources,
-            extra_compile_args=["-std=c++17", "-ObjC++", "-fobjc-arc"],
+            # no -std: torch adds the standard its headers need (C++17 or C++20 by release);
+            # manual reference counting, as PyTorch's MPS headers (Objective-C members) expect
+            extra_compile_args=["-ObjC++", "-fno-objc-arc"],
             extra_link_args=["-framework", "Metal", "-framework", "Foundation"],
+            optional=True,  # a failed build leaves the package on torch.mps.compile_shader
         )
     )
     cmdclass["build_ext"] = BuildExtension

@@ -141,6 +141,13 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
                    call.output_spec, module, backend.device_type)
+    if not measures_speed(backend):
+        reason = (f"correct on {backend.name} ({result.reason}); speed not measured: an emulated device's timings "
+                  "say nothing about the real one, which proves speed itself before it installs this kernel")
+        details = {"timings": timings, "validation": _validation_details(result),
+                   "speed_gate": f"skipped: {backend.name} does not measure speed"}
+        log.info("metal_accel: %s: %s passed validation on %s (no speed gate)", call.name, cand.origin, backend.name)
+        return Evaluation(cand, Verdict(env, True, reason, cand.digest, None, None, None, details), op)
     probe = Dispatcher(module, original, strict=True)
     probe.honor_bypass = False
     probe.add(call.spec.signature(), op)
@@ -162,6 +169,11 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     v = Verdict(env, True, bench.reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
     log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, bench.reason)
     return Evaluation(cand, v, op, bench)
+
+
+def measures_speed(backend: Backend) -> bool:
+    """False for emulated devices (`measures_speed = False`, e.g. mps-emu): their verdicts are correctness only."""
+    return bool(getattr(backend, "measures_speed", True))
 
 
 def backend_timer(backend: Backend) -> Any:

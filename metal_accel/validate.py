@@ -81,7 +81,7 @@ def _as_tuple(out: Any) -> tuple:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(torch.uint8) if t.numel() else t.detach()
+    return t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.detach()  # 0-dim too
 
 
 def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:

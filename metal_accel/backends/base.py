@@ -59,6 +59,8 @@ class Backend(Protocol):
     name: str          # "cpu", "mps", "mps-emu", "cuda"
     device_type: str   # the torch device type tensors live on
     language: str      # kernel language of SOURCE: "c++", "msl", "cuda"
+    # Optional, read with getattr: `timer()` -> a bench.Timer (default: wall clock around synchronize);
+    # `measures_speed = False` for emulated devices, whose verdicts then say "correct" and nothing about speed.
 
     def is_available(self) -> bool: ...
 
