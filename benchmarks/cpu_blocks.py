@@ -29,6 +29,12 @@ def main() -> int:
     from metal_accel.demo import DEFAULT_BATCH, DEFAULT_SEQ, build_demo_model, demo_inputs
     from metal_accel.testdata import make_inputs
 
+    def pure(m):
+        def run(*a):
+            with metal_accel.eager():  # `import metal_accel` may have patched the classes
+                return m(*a)
+        return run
+
     model = build_demo_model().eval()
     eager = copy.deepcopy(model)
     (ids,) = demo_inputs(DEFAULT_BATCH, DEFAULT_SEQ)
@@ -46,12 +52,6 @@ def main() -> int:
             r = compare_speed(pure(disp.original), disp, inputs, margin=0.0, min_reps=200, budget_s=2.0)
         rows.append(f"| {rep.name} | {rep.module_class.rsplit('.', 1)[-1]} | {rep.spec} | {r.eager_us:.1f} | "
                     f"{r.kernel_us:.1f} | {r.speedup:.2f}x | {r.reps} |")
-    def pure(m):
-        def run(*a):
-            with metal_accel.eager():  # `import metal_accel` may have patched the classes
-                return m(*a)
-        return run
-
     with torch.inference_mode():
         e2e = compare_speed(pure(eager), model, [((ids,), {})], margin=0.0, min_reps=100, budget_s=5.0)
         miss_model = build_demo_model().eval()

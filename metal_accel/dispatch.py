@@ -47,9 +47,11 @@ class Dispatcher:
         # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: set[tuple] = set()
+        self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
+        self._first_shapes = _first_shapes(self.table)
 
     def kernel_for(self, args: tuple, kwargs: dict) -> KernelOp | None:
         try:
@@ -67,6 +69,11 @@ class Dispatcher:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None):
             return self.original(*args, **kwargs)
+        shapes = self._first_shapes
+        if self.resolver is None and shapes is not None and args and type(args[0]) is torch.Tensor \
+                and args[0].shape not in shapes:  # the common miss, decided without a full signature
+            self.misses += 1
+            return self.original(*args, **kwargs)
         op = self.kernel_for(args, kwargs)
         if op is None:
             self.misses += 1
@@ -80,11 +87,23 @@ class Dispatcher:
             if self.strict:
                 raise
             self.table = {s: o for s, o in self.table.items() if o is not op}
+            self._first_shapes = _first_shapes(self.table)
             self.failures[op.name] = f"{type(exc).__name__}: {exc}"
             log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
             return self.original(*args, **kwargs)
         self.hits += 1
         return out
+
+
+def _first_shapes(table: dict[tuple, Any]) -> frozenset | None:
+    """Shapes of the first argument over the table's signatures; None if some first argument is no tensor."""
+    shapes = set()
+    for sig in table:
+        first = sig[0] if sig else None
+        if not (isinstance(first, tuple) and len(first) == 4 and isinstance(first[0], tuple)):
+            return None
+        shapes.add(first[0])
+    return frozenset(shapes)
 
 
 # class -> its own forward function, for classes whose forward auto-instrumentation replaced

@@ -62,13 +62,15 @@ def _first_shape(input_spec: dict[str, Any]) -> tuple[int, ...] | None:
 
 def build_plans() -> dict[str, ClassPlan]:
     """Class path -> plan, from the indexes of every active cache."""
+    from .backends import available_backends
     from .cache import all_caches
+    usable = set(available_backends())  # kernels for a device this machine lacks patch nothing
     plans: dict[str, ClassPlan] = {}
     for cache in all_caches():
         if not cache.root.is_dir():
             continue
         for record in read_index(cache.root).values():
-            if not record.get("class_source_sha"):
+            if not record.get("class_source_sha") or record.get("backend") not in usable:
                 continue
             plan = plans.setdefault(record["module_class"],
                                     ClassPlan(record["module_class"], record["class_source_sha"]))
