@@ -88,3 +88,25 @@ def test_compile_off_by_environment(monkeypatch):
     model = Trio().eval()
     metal_accel.optimize(model, (torch.randn(64, 1024),), progress=False)
     assert all(m.compile_us is None and m.status == "eager" for m in metal_accel.explain(model).modules)
+
+
+class _Recorder:
+    """An interactive provider that proposes nothing and keeps the request it was given."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.requests = []
+
+    def synthesize(self, request, evaluate):
+        self.requests.append(request)
+        return []
+
+
+def test_llm_request_carries_compile_time_and_generated_code(compile_on):
+    recorder = _Recorder()
+    model = Chain(1024).eval()
+    metal_accel.optimize(model, (torch.randn(64, 1024),), providers=[recorder], progress=False)
+    (req,) = recorder.requests
+    assert req.compile_us is not None and req.compile_us > 0
+    assert "def " in req.compiled_code or "void" in req.compiled_code  # inductor's output for this call

@@ -190,3 +190,22 @@ def test_feedback_messages():
     text = prompts.feedback_for(_evaluation("3.00x eager", True, 3.0, "anthropic:claude#s1r0"), best)
     assert "Accepted" in text and "This is the fastest accepted candidate so far" in text
     assert "no ```python block defining SOURCE and forward" in prompts.feedback_malformed("no SOURCE")
+
+
+def test_torch_compile_time_and_code_are_context_to_beat():
+    from dataclasses import replace
+
+    import torch
+
+    from metal_accel.specs import InputSpec, OutputSpec
+    from metal_accel.synth.base import SynthesisRequest
+    from metal_accel.synth.prompts import task_prompt
+    from toymodels import Chain
+    x = torch.randn(4, 256)
+    req = SynthesisRequest(Chain(), "toymodels.Chain", "Chain", "f" * 64, InputSpec.of((x,)), OutputSpec.of(x),
+                           "cpu", "c++", eager_us=20.0)
+    assert "torch.compile" not in task_prompt(req, device="cpu")
+    req = replace(req, compile_us=12.0, compiled_code="extern \"C\" void kernel_cpp_0(const float* in_ptr0) {}")
+    text = task_prompt(req, device="cpu")
+    assert "12.0 µs" in text and "faster than both eager and torch.compile" in text
+    assert "kernel_cpp_0" in text and "at most 11.4 µs" in text

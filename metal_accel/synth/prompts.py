@@ -191,6 +191,13 @@ def describe_module(module: nn.Module) -> str:
     return "\n\n".join(parts)
 
 
+MAX_COMPILED_CODE = 12000  # characters of inductor output put in a prompt
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters cut)"
+
+
 def task_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
                 references: Sequence[Reference] = ()) -> str:
     """The user message of the first round: one module call to replace."""
@@ -205,6 +212,14 @@ def task_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
     if request.eager_us:
         sections.append(f"## Eager time\n{request.eager_us:.1f} µs per call. To be used, your forward must take at "
                         f"most {request.eager_us / (1 + DEFAULT_MARGIN):.1f} µs including launch overhead.")
+    if request.compile_us is not None:
+        best = min(request.compile_us, request.eager_us) if request.eager_us else request.compile_us
+        sections.append(f"## torch.compile\ntorch.compile (inductor) of this module takes {request.compile_us:.1f} µs "
+                        f"per call. The goal is to be faster than both eager and torch.compile: at most "
+                        f"{best / (1 + DEFAULT_MARGIN):.1f} µs.")
+    if request.compiled_code:
+        sections.append("## Code inductor generated for this call (a working starting point to beat)\n```\n"
+                        + _clip(request.compiled_code, MAX_COMPILED_CODE) + "\n```")
     if profile:
         sections.append("## Profile of the eager forward (top ops by self time)\n" + profile)
     if references:
