@@ -134,6 +134,18 @@ class CpuLibrary:
 
 # ---------------------------------------------------------------- compiling
 
+def artifact_path(directory: Path, content: str, cxx: str | None) -> Path:
+    """Where the shared object for `content` built by `cxx` lives. With no compiler, an existing
+    build of the same content by any compiler will do; if there is none, the backend is unavailable."""
+    if cxx is None:
+        built = sorted(directory.glob(f"{content}-*.so"), key=lambda p: p.stat().st_mtime)
+        if not built:
+            raise BackendUnavailableError("no C++ compiler found (set CXX or install g++/clang++)")
+        return built[-1]
+    tool = hashlib.sha256(_compiler_identity(cxx).encode()).hexdigest()[:16]
+    return directory / f"{content}-{tool}.so"
+
+
 def find_compiler() -> str | None:
     """Path of the C++ compiler: $CXX, else c++, g++ or clang++ on PATH."""
     override = os.environ.get("CXX")
@@ -263,22 +275,13 @@ class CpuBackend:
         # content key: everything the code depends on except the compiler
         content = hashlib.sha256("\0".join([source, " ".join(_flags()), _cpu_identity(), _include_digest()])
                                  .encode()).hexdigest()[:32]
-        directory = config.build_dir() / "cpu"
-        if cxx is None:
-            # no compiler: an existing build of this source by any compiler will do
-            built = sorted(directory.glob(f"{content}-*.so"), key=lambda p: p.stat().st_mtime)
-            if not built:
-                raise BackendUnavailableError("no C++ compiler found (set CXX or install g++/clang++)")
-            path = built[-1]
-        else:
-            tool = hashlib.sha256(_compiler_identity(cxx).encode()).hexdigest()[:16]
-            path = directory / f"{content}-{tool}.so"
+        path = artifact_path(config.build_dir() / "cpu", content, cxx)
         if path in _loaded:
             return _loaded[path]
         compiled_now = False
         if not path.exists():
             assert cxx is not None
-            directory.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
                 if not path.exists():
                     _run_compiler(cxx, source, path)

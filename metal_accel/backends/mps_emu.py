@@ -30,9 +30,9 @@ import filelock
 import torch
 
 from .. import config
-from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
+from ..errors import CompileError, KernelLaunchError
 from .base import Environment, os_description, torch_major_minor
-from .cpu import _compiler_identity, cpu_name, find_compiler
+from .cpu import artifact_path, cpu_name, find_compiler
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
 COMPILE_TIMEOUT_S = 180
@@ -366,14 +366,7 @@ class MpsEmuBackend:
         cxx = find_compiler()
         content = hashlib.sha256(f"{source}\0{_tool_digest()}".encode()).hexdigest()[:32]
         directory = config.build_dir() / "mps-emu"
-        if cxx is None:
-            built = sorted(directory.glob(f"{content}-*.so"), key=lambda p: p.stat().st_mtime)
-            if not built:
-                raise BackendUnavailableError("no C++ compiler found (set CXX or install g++/clang++)")
-            path = built[-1]
-        else:
-            tool = hashlib.sha256(_compiler_identity(cxx).encode()).hexdigest()[:16]
-            path = directory / f"{content}-{tool}.so"
+        path = artifact_path(directory, content, cxx)
         if path in _loaded:
             return _loaded[path]
         compiled_now = False
