@@ -25,10 +25,13 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
-def write_section(name: str, title: str, command: str, body: str) -> None:
+def write_section(name: str, title: str, command: str, body: str, machine_text: str | None = None,
+                  date: str | None = None) -> None:
+    """`machine_text`/`date` describe where and when the figures were measured when that was not this
+    machine today (e.g. a GPU machine whose results were copied back)."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    section = (f"{start}\n## {title}\n\n- command: `{command}`\n- machine: {machine()}\n"
-               f"- date: {datetime.date.today().isoformat()}\n\n{body.rstrip()}\n{end}")
+    section = (f"{start}\n## {title}\n\n- command: `{command}`\n- machine: {machine_text or machine()}\n"
+               f"- date: {date or datetime.date.today().isoformat()}\n\n{body.rstrip()}\n{end}")
     text = DOC.read_text() if DOC.exists() else HEADER
     if start in text:
         text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: section, text, flags=re.DOTALL)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md):
 #   bash benchmarks/cuda_device.sh STEP...    steps: setup tests sweep blocks bench
-# Writes logs and results under $OUT (default ./device_out). Needs .whl/ (platformdirs wheel) and
+# Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
+# DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
 set -o pipefail
+START=$(date +%s)
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -17,21 +19,23 @@ for step in "$@"; do
       { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
         python3 -m pip show cuda-bindings cuda-python cupy-cuda13x nvidia-cuda-nvrtc 2>/dev/null | grep -E "^(Name|Version)"
         python3 -c "import json, metal_accel.backends.cuda as c; print(json.dumps(c.describe())); print(c.toolkit_include_dirs())"
-        metal-accel doctor; } 2>&1 | tee "$OUT/env.txt" ;;
-    tests)
-      python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_sources.py -rs 2>&1 \
-        | tee "$OUT/pytest_cuda.log" | tail -25 ;;
+        metal-accel doctor; } > "$OUT/env.txt" 2>&1 ;;
+    tests)  # the GPU tests (the compile-everything tests need no GPU and run in CI)
+      python3 -m pytest -p no:cacheprovider tests/test_cuda_backend.py -v -rs > "$OUT/pytest_cuda.log" 2>&1
+      tail -3 "$OUT/pytest_cuda.log" ;;
     sweep)  # every candidate through the pipeline at small sizes, no torch.compile: finds the broken ones fast
-      METAL_ACCEL_USER_CACHE=$(mktemp -d) metal-accel bench "$PROBLEMS" --provider dir:benchmarks/candidates --attempted-only --max-tensor-mb ${SWEEP_MB:-32} \
-        --no-compile --budget 0.3 --bench-budget 0.3 --timeout 40 --out "$OUT/sweep" --no-progress ${SWEEP_ARGS:-} 2>&1 \
-        | grep -v Warning | tee "$OUT/sweep.log" | grep -E "^L[0-9]|level" ;;
+      METAL_ACCEL_USER_CACHE=$(mktemp -d) metal-accel bench "$PROBLEMS" --provider dir:benchmarks/candidates --attempted-only \
+        --max-tensor-mb ${SWEEP_MB:-32} --no-compile --budget 0.3 --bench-budget 0.3 --timeout 40 --out "$OUT/sweep" \
+        --no-progress ${SWEEP_ARGS:-} 2>&1 | grep -v Warning | tee /tmp/sweep.log | grep -E "^L[0-9]|level" ;;
     blocks)
-      METAL_ACCEL_USER_CACHE=$(mktemp -d) python3 scripts/build_shipped_cache.py --backend cuda --report "$OUT/blocks.json" > "$OUT/blocks.log" 2>&1
-      tail -3 "$OUT/blocks.log"
+      python3 scripts/build_shipped_cache.py --backend cuda --report "$OUT/blocks.json" > /tmp/blocks.log 2>&1
+      tail -2 /tmp/blocks.log
       tar cf "$OUT/kernels_cache_cuda.tar" metal_accel/kernels_cache/cuda ;;
     bench)
-      METAL_ACCEL_USER_CACHE=$(mktemp -d) metal-accel bench "$PROBLEMS" --provider dir:benchmarks/candidates --attempted-only \
-        --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} --bench-budget ${BENCH_BUDGET:-0.6} --compile-jobs ${COMPILE_JOBS:-12} \
-        --out "$OUT/bench" --no-progress ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/bench.log" | grep -E "^L[0-9]|level" ;;
+      LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
+      METAL_ACCEL_USER_CACHE=$(mktemp -d) timeout -s INT -k 20 $LEFT metal-accel bench "$PROBLEMS" \
+        --provider dir:benchmarks/candidates --attempted-only --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} \
+        --bench-budget ${BENCH_BUDGET:-0.6} --compile-jobs ${COMPILE_JOBS:-12} --out "$OUT/bench" --no-progress \
+        ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee /tmp/bench.log | grep -E "^L[0-9]|level" ;;
   esac
 done

@@ -110,24 +110,23 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
         args, kwargs = input_sets[rep % len(input_sets)]
         order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)
-        outs = {}
+        outs, pair = {}, {}
         for fn in order:
-            for _ in range(4):
+            for _ in range(4):  # a refused sample is taken again; a call refused 4 times drops its pair
                 if flush is not None:
                     flush()
                 try:
-                    elapsed, outs[fn] = timer(fn, args, kwargs, sync)
+                    pair[fn], outs[fn] = timer(fn, args, kwargs, sync)
                     break
                 except TimingRejected:
                     rejected += 1
-            else:
-                unreliable = True
-                break
-            (e_times if fn is eager else k_times).append(elapsed)
-        if unreliable or rejected > MAX_REJECTED_FRACTION * 2 * max(rep + 1, min_reps):
+        if len(pair) == 2:
+            e_times.append(pair[eager])
+            k_times.append(pair[kernel])
+        if rejected > MAX_REJECTED_FRACTION * 2 * max(rep + 1, min_reps):
             unreliable = True
             break
-        if check is not None and rep % check_every == 0:
+        if check is not None and rep % check_every == 0 and len(outs) == 2:
             _spot_check(check, outs[kernel], outs[eager], rep)
         rep += 1
     if unreliable or not e_times or not k_times:

@@ -1,4 +1,4 @@
-"""The `metal-accel` command: doctor, synth, cache ls|show|clear|export|import|verify."""
+"""The `metal-accel` command: doctor, synth, cache ls|show|clear."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from . import __version__, cache as cache_mod, cli_bundle, cli_synth, config
+from . import __version__, cache as cache_mod, cli_bench, cli_bundle, cli_synth, config
 from .backends import available_backends, get_backend, known_backends
 from .errors import MetalAccelError
 
@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.set_defaults(fn=cmd_cache_clear)
     cli_bundle.add_parsers(csub)
     cli_synth.add_parser(sub)
+    cli_bench.add_parser(sub)
     return p
 
 

@@ -121,11 +121,28 @@ def serve() -> None:
             reply = {"ok": False, "stage": "run", "error": "ran out of memory (allocation limit reached)"}
         except Exception as exc:  # anything else is still an answer, not a dead worker
             reply = {"ok": False, "stage": "run", "error": f"{type(exc).__name__}: {exc}"}
+        broken = _device_broken(req["device"])
+        if broken:
+            reply["restart"] = broken
         buf = io.BytesIO()
         torch.save(reply, buf)
         data = buf.getvalue()
         proto_out.write(_HEADER.pack(len(data)) + data)
         proto_out.flush()
+        if broken:
+            return  # a sticky device error (e.g. CUDA illegal address) poisons this process for good
+
+
+def _device_broken(device: str) -> str:
+    """'' if the device still works; else why not (the caller then starts a fresh worker)."""
+    if not device.startswith("cuda"):
+        return ""
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device=device).add_(1).item()
+        return ""
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 # ---------------------------------------------------------------- caller end
@@ -194,10 +211,13 @@ class Worker:
                 why = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
                 raise WorkerFailure(f"crashed ({why})" + (f": {tail.splitlines()[-1]}" if tail else "")) from None
             try:
-                return torch.load(io.BytesIO(data), weights_only=True)
+                reply = torch.load(io.BytesIO(data), weights_only=True)
             except Exception as exc:
                 self.close()
                 raise WorkerFailure(f"sent an unreadable reply ({type(exc).__name__})") from None
+            if reply.get("restart"):  # the worker's device context is broken: the next request gets a new one
+                self.close()
+            return reply
 
 
 def _signal_name(num: int) -> str:

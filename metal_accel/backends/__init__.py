@@ -12,6 +12,7 @@ from .base import Backend, Environment, KernelLibrary
 # name -> "module:Class" (relative to this package); each new backend adds one line
 _REGISTRY: dict[str, str] = {
     "cpu": ".cpu:CpuBackend",
+    "cuda": ".cuda:CudaBackend",
     "mps": ".mps:MpsBackend",
     "mps-emu": ".mps_emu:MpsEmuBackend",
 }

@@ -1,0 +1,136 @@
+"""NVRTC for the CUDA backend: compile options, targets, cache keys and the compile call itself.
+
+Nothing here needs a GPU (NVRTC compiles for any architecture), so all of it runs in CI.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..errors import CompileError, KernelLaunchError
+
+MAX_DIAGNOSTICS = 4000
+BASE_OPTIONS = ("-std=c++17",)  # no --use_fast_math: approximate exp/tanh and flushed denormals change results
+
+compile_count = 0  # NVRTC invocations in this process (tests read it)
+
+
+@functools.cache
+def _bindings() -> tuple[Any, Any]:
+    from cuda.bindings import driver, nvrtc  # cuda-python >= 12.6 (module path of cuda-bindings)
+    return nvrtc, driver
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda.bindings (err, *values) tuple; raise on error."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise KernelLaunchError(f"{what} failed: {name}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    nvrtc, _ = _bindings()
+    major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+@functools.cache
+def supported_archs() -> tuple[int, ...]:
+    nvrtc, _ = _bindings()
+    return tuple(int(a) for a in _check(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+def nvrtc_available() -> bool:
+    try:
+        nvrtc_version()
+        return True
+    except Exception:
+        return False
+
+
+def target_for(capability: tuple[int, int], supported: tuple[int, ...]) -> tuple[str, bool]:
+    """(NVRTC --gpu-architecture value, True for a cubin / False for PTX the driver JIT-compiles)."""
+    cc = capability[0] * 10 + capability[1]
+    if cc in supported:
+        return f"sm_{cc}", True
+    older = [a for a in supported if a <= cc]
+    if not older:
+        raise CompileError(f"NVRTC supports {supported}, nothing for this GPU (compute capability {cc})")
+    return f"compute_{max(older)}", False
+
+
+@functools.cache
+def toolkit_include_dirs() -> tuple[str, ...]:
+    """Where cuda_fp16.h and friends are: CUDA_HOME/CUDA_PATH, /usr/local/cuda, or the nvidia pip wheels."""
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
+    candidates = [Path(r) / "include" for r in roots if r]
+    for entry in sys.path:
+        nv = Path(entry) / "nvidia"
+        if nv.is_dir():
+            candidates += [nv / "cu13" / "include", nv / "cuda_runtime" / "include", nv / "cuda_nvrtc" / "include"]
+    for inc in candidates:
+        if (inc / "cuda_fp16.h").is_file():
+            return tuple(str(p) for p in (inc, inc / "cccl") if p.is_dir())
+    return ()
+
+
+def nvrtc_options(arch: str, include_dirs: tuple[str, ...] = ()) -> list[str]:
+    """The NVRTC command line for one compile (part of the cache key)."""
+    shim = config.include_dir() / "cuda_nvrtc"
+    return [f"--gpu-architecture={arch}", *BASE_OPTIONS, f"-I{shim}", *(f"-I{d}" for d in include_dirs)]
+
+
+def _header_digest() -> str:
+    h = hashlib.sha256()
+    for header in sorted((config.include_dir() / "cuda_nvrtc").iterdir()):
+        h.update(header.name.encode() + b"\0" + header.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(source: str, arch: str, version: str, options: list[str], headers: str = "") -> str:
+    """Content key of a compiled artifact: source, target, NVRTC version, options and shim headers.
+
+    Include paths enter by name only; the toolkit headers are part of what the NVRTC version names.
+    """
+    blob = "\0".join([source, arch, version, " ".join(options), headers])
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def nvrtc_compile(source: str, arch: str, options: list[str], cubin: bool) -> bytes:
+    """Compile SOURCE with NVRTC; the cubin (or PTX) bytes, or CompileError with the log."""
+    global compile_count
+    nvrtc, _ = _bindings()
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
+    try:
+        compile_count += 1
+        opts = [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        # Output buffers must be mutable: NVRTC writes into them. The `b" " * size` of NVRTC's own
+        # examples hands it CPython's cached one-byte b" " when the log is empty (size 1), and the
+        # interpreter's b" " becomes b"\x00" for good (torch.load then reads every dimension of 32 as 0).
+        log = bytearray(size)
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        text = bytes(log).decode(errors="replace").rstrip("\x00 \n")
+        if int(err) != 0:
+            if len(text) > MAX_DIAGNOSTICS:
+                text = text[:MAX_DIAGNOSTICS] + f"\n... ({len(text) - MAX_DIAGNOSTICS} more characters)"
+            raise CompileError(f"NVRTC {nvrtc_version()} compilation for {arch} failed:\n{text}")
+        get_size, get = (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if cubin else \
+            (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
+        n = _check(get_size(prog), "nvrtc get size")
+        buf = bytearray(n)
+        _check(get(prog, buf), "nvrtc get code")
+        return bytes(buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+

@@ -1,0 +1,479 @@
+"""`metal-accel bench`: KernelBench-format problems through the real pipeline, side by side.
+
+For each problem: the eager model, `torch.compile` (inductor, default mode) and the model after
+`optimize()` (the accepted kernel, or eager where every candidate was rejected) are timed in one
+interleaved loop on the same fresh inputs, with the device synchronized around each call. The
+optimized model's output is checked against eager on inputs it never saw. Results go to JSON,
+markdown and (with matplotlib) a PNG.
+
+Candidates for a problem are read by a `dir:` provider under the problem's own names
+(`<root>/<backend>/L<level>_<id>_<name>.py`, then `<root>/<backend>/<name>.py`, and folders of
+those names), since every KernelBench model class is called `Model`.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .bench import TimingRejected, time_call
+from .problems import Problem, load_problems
+from .synth.base import ProposedText, SynthesisRequest
+from .synth.directory import DirectoryProvider
+
+ATTEMPT_SPEEDUP = 1.05
+
+
+def problem_key(p: Problem) -> str:
+    return f"L{p.level}_{p.problem_id}_{p.name}" if p.level is not None else p.name
+
+
+class ProblemProvider:
+    """A `dir:` provider that knows the problem's names for its root model (class `Model`)."""
+
+    def __init__(self, root: str | Path, problem: Problem, model: torch.nn.Module) -> None:
+        self.inner = DirectoryProvider(root)
+        self.name = f"dir:{root}"
+        self.names = [problem_key(problem), problem.name]
+        self.model = model
+
+    def files(self, backend: str) -> list[Path]:
+        seen: list[Path] = []
+        for n in self.names:
+            seen += [f for f in self.inner.files_for(n, backend) if f not in seen]
+        return seen
+
+    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
+        if request.module is not self.model:
+            return self.inner.propose(request)
+        return [ProposedText(f.read_text(), f"dir:{f}") for f in self.files(request.backend)]
+
+
+def select(problems: list[Problem], patterns: Sequence[str] | None) -> list[Problem]:
+    """Problems whose key, name or id matches one of PATTERNS (globs; 'L2_12' or '12' select by id)."""
+    if not patterns:
+        return problems
+    out = []
+    for p in problems:
+        names = [problem_key(p), p.name, str(p.problem_id), f"L{p.level}_{p.problem_id}"]
+        if any(fnmatch.fnmatch(n, pat) for n in names for pat in patterns):
+            out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------- sizes
+
+def _shapes(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs and outputs of the problem on the meta device (no memory, no compute)."""
+    module = problem.load()
+    with torch.device("meta"):
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs()).eval()
+        inputs = [a for a in module.get_inputs()]
+        out = model(*inputs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [t for t in inputs if isinstance(t, torch.Tensor)], [t for t in outs if isinstance(t, torch.Tensor)]
+
+
+def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None, int | None]:
+    """(original, used) `batch_size` so that no input or output exceeds MAX_TENSOR_MB (halving it)."""
+    module = problem.load()  # cached per process: remember the problem's own batch size the first time
+    original = module.__dict__.setdefault("_metal_accel_batch_size", getattr(module, "batch_size", None))
+    if not isinstance(original, int):
+        return original, original
+    module.batch_size = original
+    if max_tensor_mb is None:
+        return original, original
+    batch = original
+    while True:
+        module.batch_size = batch
+        try:
+            ins, outs = _shapes(problem)
+        except Exception:  # the problem's shapes are tied to its batch size: keep the last that worked
+            module.batch_size = batch * 2 if batch != original else original
+            return original, module.batch_size
+        largest = max((t.numel() * t.element_size() for t in ins + outs), default=0) / 1e6
+        if largest <= max_tensor_mb or batch == 1:
+            return original, batch
+        batch = max(1, batch // 2)
+
+
+# ---------------------------------------------------------------- measurement
+
+@dataclass
+class Row:
+    key: str
+    level: int | None
+    problem_id: int | None
+    name: str
+    batch: int | None = None
+    batch_original: int | None = None
+    attempted: bool = False          # a candidate was proposed
+    status: str = "eager"            # kernel | eager | error | skipped
+    reason: str = ""
+    candidate_correct: bool | None = None
+    output_ok: bool | None = None
+    pipeline_speedup: float | None = None
+    eager_us: float | None = None
+    compile_us: float | None = None
+    kernel_us: float | None = None   # the optimized model (kernel, or eager fallback)
+    vs_eager: float | None = None
+    vs_compile: float | None = None
+    compile_s: float | None = None
+    flops: float | None = None
+    min_bytes: float | None = None
+    memory_bound: bool | None = None
+    bandwidth_gbs: float | None = None
+    bandwidth_frac: float | None = None
+    winner: str = ""                 # origin of the installed candidate (a file, or builtin:torch.compile)
+    rejected: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def measure_dram_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy rate (bytes read + written per second), median of REPS copies."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    times = []
+    for i in range(reps + 3):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(times)
+
+
+def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
+                 timer: Callable[..., tuple[float, Any]] | None, budget_s: float, min_reps: int = 10,
+                 max_reps: int = 300) -> dict[str, float]:
+    """Median seconds per call of each function, timed round-robin (rotating order) on rotating inputs."""
+    timer = timer or time_call
+    names = list(fns)
+    for args in input_sets[:2]:
+        for n in names:
+            fns[n](*args)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start, rep = time.perf_counter(), 0
+    while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
+        args = input_sets[rep % len(input_sets)]
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for n in order:
+            for _ in range(4):
+                try:
+                    times[n].append(timer(fns[n], args, {}, sync)[0])
+                    break
+                except TimingRejected:
+                    continue
+        rep += 1
+    return {n: statistics.median(t) if t else float("nan") for n, t in times.items()}
+
+
+def _flops(model: torch.nn.Module, inputs: tuple) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        with FlopCounterMode(display=False) as counter, torch.inference_mode():
+            model(*inputs)
+        return float(counter.get_total_flops())
+    except Exception:
+        return float("nan")
+
+
+def _nbytes(values: Any) -> int:
+    vals = values if isinstance(values, (tuple, list)) else (values,)
+    return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+
+
+def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "cuda", device: str = "cuda",
+                max_tensor_mb: float | None = None, budget_s: float = 1.0, bench_budget_s: float = 1.0,
+                flush: bool = False, with_compile: bool = True, dram_bw: float | None = None,
+                seed: int = 0, timeout_s: float = 120.0, compile_candidate: bool = False) -> Row:
+    """One problem: optimize with the candidates, then eager / compile / optimized side by side."""
+    import metal_accel
+    from .backends import get_backend
+    from .dispatch import eager_only
+    from .prove import backend_timer
+    from .validate import Mismatch, compare_output
+
+    row = Row(problem_key(problem), problem.level, problem.problem_id, problem.name)
+    t_start = time.perf_counter()
+    be = get_backend(backend)
+    row.batch_original, row.batch = fit_batch(problem, max_tensor_mb)
+    model, inputs = problem.instantiate(device, seed)
+    provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
+    row.attempted = any(p.files(backend) for p in provs)
+    module = problem.load()
+    sets = [inputs] + [tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs())
+                       for _ in range(2)]
+    row.flops = _flops(model, inputs)
+    with torch.inference_mode():
+        ref = model(*sets[1])
+    row.min_bytes = float(_nbytes(inputs) + _nbytes(ref) + sum(_nbytes(t) for t in model.state_dict().values()))
+    compiled = None
+    if with_compile:
+        twin = copy.deepcopy(model)
+        compiled = torch.compile(twin)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            compiled(*inputs)
+        be.synchronize()
+        row.compile_s = time.perf_counter() - t0
+    saved = os.environ.get("METAL_ACCEL_COMPILE")
+    os.environ["METAL_ACCEL_COMPILE"] = "1" if compile_candidate else "0"  # torch.compile as a candidate, or not
+    try:
+        metal_accel.optimize(model, inputs, backend=backend, providers=provs, bench_budget_s=bench_budget_s,
+                             progress=False, timeout_s=timeout_s)
+    finally:
+        if saved is None:
+            os.environ.pop("METAL_ACCEL_COMPILE", None)
+        else:
+            os.environ["METAL_ACCEL_COMPILE"] = saved
+    report = metal_accel.explain(model)
+    root = next((m for m in report.modules if m.name == type(model).__name__), None)
+    if root is not None:
+        row.status, row.reason, row.rejected = root.status, root.reason, list(root.rejected)
+        row.pipeline_speedup, row.winner = root.speedup, root.source if root.status != "eager" else ""
+    row.candidate_correct = _candidate_correct(row)
+    with torch.inference_mode():
+        out = model(*sets[2])
+        with eager_only():
+            expect = model(*sets[2])
+    try:
+        outs, exps = (out, expect) if isinstance(out, (tuple, list)) else ((out,), (expect,))
+        for i, (o, e) in enumerate(zip(outs, exps)):
+            compare_output(o, e, f"output {i}")
+        row.output_ok = True
+    except Mismatch as exc:
+        row.output_ok, row.reason = False, f"optimized output differs from eager: {exc}"
+
+    def eager(*a: Any) -> Any:
+        with eager_only():
+            return model(*a)
+
+    fns: dict[str, Callable[..., Any]] = {"eager": eager, "optimized": model}
+    if compiled is not None:
+        fns["compile"] = compiled
+    timer = backend_timer(be)
+    if flush:  # evict L2 before every timed call (cold-cache timing)
+        from .bench import cache_flusher
+        flusher, base = cache_flusher(device), timer or time_call
+        timer = lambda fn, a, k, s: (flusher(), base(fn, a, k, s))[1]  # noqa: E731
+    with torch.inference_mode():
+        med = side_by_side(fns, sets, be.synchronize, timer, budget_s)
+    row.eager_us, row.kernel_us = med["eager"] * 1e6, med["optimized"] * 1e6
+    row.vs_eager = med["eager"] / med["optimized"]
+    if compiled is not None:
+        row.compile_us = med["compile"] * 1e6
+        row.vs_compile = med["compile"] / med["optimized"]
+    intensity = (row.flops or 0.0) / row.min_bytes if row.min_bytes else 0.0
+    row.memory_bound = not math.isnan(intensity) and intensity < 10.0
+    row.bandwidth_gbs = row.min_bytes / med["optimized"] / 1e9
+    if dram_bw:
+        row.bandwidth_frac = row.min_bytes / med["optimized"] / dram_bw
+    row.seconds = time.perf_counter() - t_start
+    return row
+
+
+def _candidate_correct(row: Row) -> bool | None:
+    """Whether a candidate of ours (not the built-in torch.compile) passed validation."""
+    if row.status == "kernel":
+        return True
+    if not row.attempted:
+        return None
+    reasons = " ".join(r for r in row.rejected if not r.startswith("builtin:"))
+    if any(w in reasons for w in ("not faster", "within noise", "unreliable timing")) and not any(
+            w in reasons for w in ("incorrect", "compile error", "failed", "sandbox", "source check", "crashed")):
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- the suite
+
+@dataclass
+class SuiteResult:
+    rows: list[Row]
+    environment: dict[str, Any]
+    dram_bandwidth: float | None
+    command: str = ""
+
+    def summary(self, level: int | None = None) -> dict[str, Any]:
+        rows = [r for r in self.rows if r.attempted and r.status != "skipped" and (level is None or r.level == level)]
+        timed = [r for r in rows if r.vs_eager]
+        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
+        return {
+            "attempted": len(rows),
+            "geomean_vs_eager": geo([r.vs_eager for r in timed]),
+            "geomean_vs_compile": geo([r.vs_compile for r in timed if r.vs_compile]),
+            "correct": sum(bool(r.candidate_correct) for r in rows),
+            "fraction_correct": sum(bool(r.candidate_correct) for r in rows) / len(rows) if rows else None,
+            "installed": sum(r.status == "kernel" for r in rows),
+            "installed_compile": sum(r.status == "compile" for r in rows),
+            "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
+                                               for r in rows) / len(rows) if rows else None,
+            "installed_slower_than_eager": [r.key for r in rows if r.status == "kernel" and (r.vs_eager or 0) < 1.0],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "dram_bandwidth_gbs": (self.dram_bandwidth or 0) / 1e9,
+                "date": time.strftime("%Y-%m-%d"),
+                "command": self.command, "summary": {str(lv): self.summary(lv) for lv in self.levels()} |
+                {"all": self.summary()}, "rows": [asdict(r) for r in self.rows]}
+
+    def levels(self) -> list[int]:
+        return sorted({r.level for r in self.rows if r.level is not None})
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def markdown(res: SuiteResult) -> str:
+    lines = []
+    for key, s in [(str(lv), res.summary(lv)) for lv in res.levels()] + [("all", res.summary())]:
+        lines.append(f"- level {key}: {s['attempted']} attempted; geomean {_fmt(s['geomean_vs_eager'], '.2f')}x vs eager, "
+                     f"{_fmt(s['geomean_vs_compile'], '.2f')}x vs torch.compile; candidate correct "
+                     f"{s['correct']}/{s['attempted']}; installed (correct and >= 1.05x) {s['installed']}; "
+                     f"installed but slower than eager: {', '.join(s['installed_slower_than_eager']) or 'none'}")
+    lines += ["", "| problem | batch | eager µs | compile µs | optimized µs | vs eager | vs compile | correct | "
+              "result | % DRAM BW |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res.rows:
+        batch = f"{r.batch}" + (f" (of {r.batch_original})" if r.batch != r.batch_original else "")
+        correct = {True: "yes", False: "no", None: "–"}[r.candidate_correct]
+        result = "kernel" if r.status == "kernel" else \
+            "torch.compile won the pipeline" if r.status == "compile" else f"{r.status}: {r.reason}"
+        result = result.replace("|", "/").replace("\n", " ")[:160]
+        bw = _fmt(100 * r.bandwidth_frac, ".0f") + "%" if r.memory_bound and r.bandwidth_frac else "–"
+        lines.append(f"| {r.key} | {batch} | {_fmt(r.eager_us, '.1f')} | {_fmt(r.compile_us, '.1f')} | "
+                     f"{_fmt(r.kernel_us, '.1f')} | {_fmt(r.vs_eager, '.2f')} | {_fmt(r.vs_compile, '.2f')} | "
+                     f"{correct} | {result} | {bw} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: SuiteResult, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in res.rows if r.vs_eager]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) + 1.5))
+    y = range(len(rows))
+    ax.barh([i + 0.2 for i in y], [r.vs_eager for r in rows], height=0.4, label="vs eager",
+            color=["tab:green" if r.status == "kernel" else "tab:gray" for r in rows])
+    ax.barh([i - 0.2 for i in y], [r.vs_compile or 0 for r in rows], height=0.4, label="vs torch.compile",
+            color="tab:blue", alpha=0.6)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(list(y), [r.key[:40] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of the optimized model (green: kernel installed, gray: eager fallback)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def warm_compile(problems: Sequence[Problem], jobs: int, max_tensor_mb: float | None, source: str) -> None:
+    """Fill inductor's caches for the problems in JOBS parallel processes (compile time is not measured)."""
+    keys = [problem_key(p) for p in problems]
+    shards = [keys[i::jobs] for i in range(jobs)]
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    procs = [subprocess.Popen([sys.executable, "-m", "metal_accel.suite", "--warm", source, str(max_tensor_mb or 0),
+                               *shard], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for shard in shards if shard]
+    for p in procs:
+        p.wait()
+
+
+def _warm_main(source: str, max_mb: str, keys: list[str]) -> None:
+    cap = float(max_mb) or None
+    for p in load_problems(source):
+        if problem_key(p) not in keys:
+            continue
+        try:
+            fit_batch(p, cap)
+            model, inputs = p.instantiate("cuda")
+            with torch.inference_mode():
+                torch.compile(model)(*inputs)
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+        torch._dynamo.reset()
+
+
+def run_suite(source: str | Path, providers: Sequence[str], *, backend: str = "cuda", levels: Sequence[int] = (),
+              patterns: Sequence[str] = (), attempted_only: bool = False, max_tensor_mb: float | None = None,
+              budget_s: float = 1.0, bench_budget_s: float = 1.0, flush: bool = False, with_compile: bool = True,
+              compile_jobs: int = 0, progress: bool = True, command: str = "", timeout_s: float = 120.0,
+              compile_candidate: bool = False,
+              on_row: Callable[[Row], None] | None = None) -> SuiteResult:
+    from tqdm.auto import tqdm
+    from .backends import get_backend
+    problems = select(load_problems(source, levels=levels or None), patterns)
+    dirs = [p.partition(":")[2] if p.startswith("dir:") else p for p in providers]
+    if attempted_only:
+        problems = [p for p in problems if any(DirectoryProvider(d).files_for(n, backend)
+                                               for d in dirs for n in (problem_key(p), p.name))]
+    be = get_backend(backend)
+    env: dict[str, Any] = {"backend": backend, **be.environment().to_dict()}
+    dram = None
+    if backend == "cuda":
+        from .backends.cuda import describe
+        env.update(describe())
+        dram = measure_dram_bandwidth()
+    if with_compile and compile_jobs > 0:
+        warm_compile(problems, compile_jobs, max_tensor_mb, str(source))
+    rows = []
+    for p in tqdm(problems, desc="bench", unit="problem", disable=not progress):
+        try:
+            row = run_problem(p, providers, backend=backend, device=be.device_type, max_tensor_mb=max_tensor_mb,
+                              budget_s=budget_s, bench_budget_s=bench_budget_s, flush=flush,
+                              with_compile=with_compile, dram_bw=dram, timeout_s=timeout_s,
+                              compile_candidate=compile_candidate)
+        except KeyboardInterrupt:  # out of time: keep what was measured
+            break
+        except Exception as exc:
+            row = Row(problem_key(p), p.level, p.problem_id, p.name, status="error",
+                      reason=f"{type(exc).__name__}: {exc}"[:400])
+            row.rejected = traceback.format_exc(limit=3).splitlines()[-3:]
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return SuiteResult(rows, env, dram, command)
+
+
+def write_outputs(res: SuiteResult, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "suite.json", out / "suite.md"]
+    paths[0].write_text(json.dumps(res.to_dict(), indent=1, default=str))
+    paths[1].write_text(markdown(res))
+    if plot(res, out / "suite.png"):
+        paths.append(out / "suite.png")
+    return paths
+
+
+if __name__ == "__main__" and len(sys.argv) > 3 and sys.argv[1] == "--warm":
+    _warm_main(sys.argv[2], sys.argv[3], sys.argv[4:])

@@ -1,0 +1,341 @@
+"""The CUDA backend: pure-Python parts everywhere (CI has no GPU), launches on a GPU (marked `cuda`)."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from metal_accel.backends import cuda as cb
+from metal_accel.backends.cuda_signature import ArgBinder, CudaParam, launch_dims, parse_cuda_kernels
+from metal_accel.bench import TimingRejected, compare_speed
+from metal_accel.errors import BackendUnavailableError, CompileError, KernelLaunchError
+
+SAXPY = r"""
+#include <cstdint>
+extern "C" __global__ void saxpy(const float* __restrict__ x, float* y, float a, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+
+# ---------------------------------------------------------------- signatures
+
+def test_parse_kernels_skips_helpers_and_reads_types():
+    src = r"""
+    #include <cuda_fp16.h>
+    __device__ float helper(float x) { return x; }
+    template <typename T> __global__ void not_extern(T* p) {}
+    extern "C" {
+    __device__ inline float h2(float x) { return x; }
+    __global__ void __launch_bounds__(256, 2) k1(const float4* __restrict__ a, __half* b, const __nv_bfloat16* c,
+                                                 long long n, unsigned int m, float s, bool flag) {}
+    }
+    extern "C" __global__ void k2(int* out, const unsigned char* mask, size_t n, double d) { }
+    extern "C" __global__ void k3(void) { }
+    """
+    ks = parse_cuda_kernels(src)
+    assert list(ks) == ["k1", "k2", "k3"]
+    assert [str(p) for p in ks["k1"]] == ["const float4* a", "__half* b", "const __nv_bfloat16* c", "long long n",
+                                          "unsigned int m", "float s", "bool flag"]
+    assert [p.is_pointer for p in ks["k2"]] == [True, True, False, False]
+    assert ks["k3"] == []
+
+
+@pytest.mark.parametrize("src, msg", [
+    ('extern "C" __global__ int bad(float* a) {}', "must return void"),
+    ('extern "C" __global__ void bad(float& a) {}', "references"),
+    ('extern "C" __global__ void bad(float** a) {}', "unsupported type"),
+    ('extern "C" __global__ void bad(MyStruct s) {}', "unsupported type"),
+])
+def test_parse_rejects(src, msg):
+    with pytest.raises(CompileError, match=msg):
+        parse_cuda_kernels(src)
+
+
+# ---------------------------------------------------------------- launch dimensions
+
+def test_launch_dims_threads_convention():
+    assert launch_dims("k", threads=1000, group_size=256) == ((4, 1, 1), (256, 1, 1))
+    assert launch_dims("k", threads=100) == ((1, 1, 1), (100, 1, 1))
+    assert launch_dims("k", threads=(64, 10), group_size=(32, 4)) == ((2, 3, 1), (32, 4, 1))
+    assert launch_dims("k", threads=(8, 8, 8), group_size=(4, 4, 4)) == ((2, 2, 2), (4, 4, 4))
+    assert launch_dims("k", grid=(3, 2), block=128) == ((3, 2, 1), (128, 1, 1))
+    assert launch_dims("k", threads=0, group_size=128) is None
+    assert launch_dims("k", grid=(0,), block=(32,)) is None
+    assert launch_dims("k", threads=torch.tensor(70), group_size=32) == ((3, 1, 1), (32, 1, 1))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({}, "needs threads"),
+    ({"threads": 10, "grid": 1}, "not both"),
+    ({"threads": 10, "group_size": 0}, "positive"),
+    ({"threads": 10, "group_size": 2048}, "exceeds"),
+    ({"threads": (10, 10)}, "explicit group_size"),
+    ({"grid": 1}, "needs block"),
+    ({"grid": 1, "block": (32, 32, 2)}, "exceeds"),
+    ({"grid": (1, 70000), "block": 32}, "exceeds"),
+    ({"threads": 1.5, "group_size": 32}, "integers"),
+    ({"threads": -1, "group_size": 32}, "negative"),
+    ({"threads": (1, 2, 3, 4), "group_size": 1}, "1 to 3"),
+])
+def test_launch_dims_errors(kw, msg):
+    with pytest.raises(KernelLaunchError, match=msg):
+        launch_dims("k", **kw)
+
+
+# ---------------------------------------------------------------- argument binding (CPU tensors stand in)
+
+def _binder(src: str = SAXPY, device_type: str = "cpu") -> ArgBinder:
+    (name, params), = parse_cuda_kernels(src).items()
+    return ArgBinder(name, params, device_type)
+
+
+def test_binding_packs_pointers_and_scalars():
+    b = _binder()
+    x, y = torch.ones(8), torch.zeros(8)
+    vals = b.values([x, y, 2.0, 8])
+    assert vals == [x.data_ptr(), y.data_ptr(), 2.0, 8]
+    addr, keep = b.pack(vals)
+    arr = (ctypes.c_void_p * 4).from_address(addr)
+    ptrs = [arr[i] for i in range(4)]
+    assert ctypes.c_void_p.from_address(ptrs[0]).value == x.data_ptr()
+    assert ctypes.c_float.from_address(ptrs[2]).value == 2.0
+    assert ctypes.c_int64.from_address(ptrs[3]).value == 8
+    assert b.values([x, y, 1, torch.tensor(3)])[2:] == [1.0, 3]
+
+
+@pytest.mark.parametrize("args, msg", [
+    ([torch.ones(4)], "takes 4 arguments"),
+    ([torch.ones(4, dtype=torch.float64), torch.ones(4), 1.0, 4], "dtype"),
+    ([torch.ones(4, 4).t(), torch.ones(4), 1.0, 4], "not contiguous"),
+    ([[1.0], torch.ones(4), 1.0, 4], "torch.Tensor"),
+    ([torch.ones(4), torch.ones(4), "a", 4], "number"),
+    ([torch.ones(4), torch.ones(4), 1.0, 2.5], "integer"),
+    ([torch.ones(4), torch.ones(4), 1.0, 2**63], "out of range"),
+])
+def test_binding_errors(args, msg):
+    with pytest.raises(KernelLaunchError, match=msg):
+        _binder().values(args)
+
+
+def test_binding_checks_device_and_vector_alignment():
+    with pytest.raises(KernelLaunchError, match="cuda tensors"):
+        _binder(device_type="cuda").values([torch.ones(4), torch.ones(4), 1.0, 4])
+    b = _binder('extern "C" __global__ void k(const float4* a, __half* h, uint16_t* bits) {}')
+    base = torch.zeros(12)
+    b.values([base[:8], torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.bfloat16)])
+    with pytest.raises(KernelLaunchError, match="aligned"):
+        b.values([base[1:9], torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float16)])
+    with pytest.raises(KernelLaunchError, match="whole float4"):
+        b.values([base[:6], torch.zeros(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float16)])
+    with pytest.raises(KernelLaunchError, match="dtype"):
+        b.values([base[:8], torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.float16)])
+
+
+# ---------------------------------------------------------------- compile options, targets, cache keys
+
+def test_options_and_targets():
+    opts = cb.nvrtc_options("sm_90", ("/usr/local/cuda/include",))
+    assert opts[0] == "--gpu-architecture=sm_90" and "-std=c++17" in opts
+    assert not any("fast" in o for o in opts), "fast math changes results"
+    assert any(o.endswith("cuda_nvrtc") for o in opts)
+    assert cb.target_for((9, 0), (80, 86, 89, 90, 100)) == ("sm_90", True)
+    assert cb.target_for((12, 1), (80, 90, 100)) == ("compute_100", False)
+    with pytest.raises(CompileError):
+        cb.target_for((7, 0), (80, 90))
+
+
+def test_cache_key_changes_with_every_input():
+    base = cb.cache_key("src", "sm_90", "13.0", ["-a"], "h")
+    assert base == cb.cache_key("src", "sm_90", "13.0", ["-a"], "h") and len(base) == 32
+    assert len({base, cb.cache_key("src2", "sm_90", "13.0", ["-a"], "h"), cb.cache_key("src", "sm_80", "13.0", ["-a"], "h"),
+                cb.cache_key("src", "sm_90", "12.8", ["-a"], "h"), cb.cache_key("src", "sm_90", "13.0", ["-b"], "h"),
+                cb.cache_key("src", "sm_90", "13.0", ["-a"], "i")}) == 6
+
+
+def test_timings_agree():
+    assert cb.timings_agree(100e-6, 115e-6)
+    assert not cb.timings_agree(100e-6, 400e-6)       # host stall the GPU did not see
+    assert not cb.timings_agree(300e-6, 100e-6)       # event longer than the wall: broken timer
+    assert not cb.timings_agree(0.0, 10e-6)
+    assert cb.timings_agree(2e-3, 2.3e-3)
+
+
+def test_bench_retries_refused_samples_and_gives_up_when_too_many():
+    calls = {"n": 0}
+
+    def flaky(fn, args, kwargs, sync):
+        calls["n"] += 1
+        if calls["n"] % 5 == 0:
+            raise TimingRejected("disagree")
+        fn(*args, **kwargs)
+        return (1e-3 if fn is eager else 0.5e-3), None
+
+    def eager(x):
+        return x
+
+    def kernel(x):
+        return x
+    res = compare_speed(eager, kernel, [((1,), {})], timer=flaky, min_reps=20, max_reps=20, warmup=0)
+    assert res.accepted and res.rejected_samples > 0 and 1.9 < res.speedup < 2.1
+
+    burst = {"n": 0}
+
+    def one_bad_burst(fn, args, kwargs, sync):  # one call refused 4 times in a row: its pair is dropped, no more
+        burst["n"] += 1
+        if 10 <= burst["n"] < 14:
+            raise TimingRejected("host stall")
+        return (1e-3 if fn is eager else 0.5e-3), None
+    res = compare_speed(eager, kernel, [((1,), {})], timer=one_bad_burst, min_reps=20, max_reps=20, warmup=0)
+    assert res.accepted and res.rejected_samples == 4
+
+    def broken(fn, args, kwargs, sync):
+        raise TimingRejected("always")
+    res = compare_speed(eager, kernel, [((1,), {})], timer=broken, min_reps=5, max_reps=5, warmup=0)
+    assert not res.accepted and "unreliable timing" in res.reason
+
+
+def test_backend_registered_but_unavailable_without_gpu():
+    from metal_accel.backends import get_backend, known_backends
+    assert "cuda" in known_backends()
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailableError):
+            get_backend("cuda")
+
+
+@pytest.mark.skipif(not cb.nvrtc_available(), reason="NVRTC not installed")
+def test_compile_caches_on_disk(monkeypatch, isolated_user_cache):
+    monkeypatch.setattr(cb.CudaBackend, "target", lambda self, device=None: ("sm_90", True))
+    cb.clear_memory_cache()
+    be = cb.CudaBackend()
+    before = cb.cuda_nvrtc.compile_count
+    lib = be.compile(SAXPY)
+    assert lib.kernel_names == ("saxpy",) and lib.compiled_now and cb.cuda_nvrtc.compile_count == before + 1
+    assert lib.path.parent == isolated_user_cache / "build" / "cuda" and lib.path.suffix == ".cubin"
+    cb.clear_memory_cache()
+    again = be.compile(SAXPY)
+    assert not again.compiled_now and cb.cuda_nvrtc.compile_count == before + 1 and again.path == lib.path
+    other = be.compile(SAXPY.replace("a * x[i]", "x[i] * a"))
+    assert other.path != lib.path
+    with pytest.raises(CompileError, match="NVRTC"):
+        be.compile('extern "C" __global__ void k(float* a) { a[0] = undefined_thing; }')
+    with pytest.raises(CompileError, match="no kernel"):
+        be.compile("__device__ float f(float x) { return x; }")
+
+
+# ---------------------------------------------------------------- on a GPU
+
+@pytest.mark.cuda
+def test_gpu_launch_conventions():
+    from metal_accel.backends import get_backend
+    be = get_backend("cuda")
+    lib = be.compile(SAXPY)
+    x = torch.randn(1000, device="cuda")
+    y = torch.randn(1000, device="cuda")
+    ref = 3 * x + y
+    lib.saxpy(x, y, 3.0, 1000, threads=1000, group_size=128)
+    torch.testing.assert_close(y, ref)
+    lib.saxpy(x, y, 1.0, 1000, grid=(8,), block=(128,))
+    torch.testing.assert_close(y, ref + x)
+    s = torch.cuda.Stream()
+    z = torch.zeros(1000, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):  # launched on PyTorch's current stream
+        lib.saxpy(x, z, 2.0, 1000, threads=1000, group_size=256)
+    s.synchronize()
+    torch.testing.assert_close(z, 2 * x)
+    lib.saxpy(x[:0], z[:0], 1.0, 0, threads=0, group_size=256)  # empty: no launch, no error
+    with pytest.raises(KernelLaunchError, match="cuda tensors"):
+        lib.saxpy(x.cpu(), y, 1.0, 1000, threads=1000, group_size=128)
+    with pytest.raises(KernelLaunchError, match="dtype"):
+        lib.saxpy(x.double(), y, 1.0, 1000, threads=1000, group_size=128)
+    env = be.environment()
+    assert env.backend == "cuda" and "sm_" in env.device_name and "driver" in env.device_name
+
+
+@pytest.mark.cuda
+def test_gpu_2d_half_and_large_shared_memory():
+    from metal_accel.backends import get_backend
+    src = r"""
+    #include <cuda_fp16.h>
+    #include <cuda_bf16.h>
+    extern "C" __global__ void cast2d(const float* x, __half* h, __nv_bfloat16* b, int rows, int cols) {
+        int r = blockIdx.y * blockDim.y + threadIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+        if (r < rows && c < cols) { h[r * cols + c] = __float2half(x[r * cols + c]);
+                                    b[r * cols + c] = __float2bfloat16(x[r * cols + c]); }
+    }
+    extern "C" __global__ void rev(const float* x, float* y, int n) {
+        extern __shared__ float buf[];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = x[i];
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = buf[n - 1 - i];
+    }
+    """
+    lib = get_backend("cuda").compile(src)
+    x = torch.randn(37, 70, device="cuda")
+    h, b = torch.empty_like(x, dtype=torch.half), torch.empty_like(x, dtype=torch.bfloat16)
+    lib.cast2d(x, h, b, 37, 70, threads=(70, 37), group_size=(32, 8))
+    torch.testing.assert_close(h, x.half())
+    torch.testing.assert_close(b, x.bfloat16())
+    n = 20000  # 80 KB of dynamic shared memory: needs the opt-in attribute
+    v = torch.randn(n, device="cuda")
+    out = torch.empty_like(v)
+    lib.rev(v, out, n, grid=(1,), block=(256,), shared_mem=n * 4)
+    torch.testing.assert_close(out, v.flip(0))
+
+
+@pytest.mark.cuda
+def test_gpu_event_timer():
+    from metal_accel.backends import get_backend
+    timer = get_backend("cuda").timer()
+    a = torch.randn(4096, 4096, device="cuda")
+    t, out = timer(torch.mm, (a, a), {}, torch.cuda.synchronize)
+    assert 1e-5 < t < 1.0 and out.shape == a.shape
+
+
+@pytest.mark.cuda
+def test_gpu_optimize_installs_and_isolates_a_crashing_kernel(tmp_path):
+    import metal_accel
+    from metal_accel.blocks import SiluMul
+
+    good = (tmp_path / "c" / "cuda" / "SiluMul")
+    good.mkdir(parents=True)
+    (good / "crash.py").write_text('''
+SOURCE = r"""
+extern "C" __global__ void bad(const float* a, float* out, long long n) {
+    float* p = (float*)0x10; out[0] = *p + a[0];
+}
+"""
+def forward(module, a, b):
+    out = torch.empty_like(a)
+    lib.bad(a, out, a.numel(), threads=1, group_size=1)
+    return out
+''')
+    (good / "good.py").write_text((__import__("pathlib").Path(metal_accel.__file__).parent.parent / "kernels_src" /
+                                   "cuda" / "SiluMul.py").read_text())
+    model = SiluMul().cuda().eval()
+    a, b = torch.randn(64, 8192, device="cuda"), torch.randn(64, 8192, device="cuda")
+    metal_accel.optimize(model, (a, b), backend="cuda", providers=[f"dir:{tmp_path / 'c'}"])
+    rep = metal_accel.explain(model).modules[0]
+    assert any("crash.py" in r and ("illegal" in r or "crashed" in r or "failed" in r or "error" in r)
+               for r in rep.rejected), rep.rejected
+    # the good candidate is correct; whether it is also 1.05x faster at this small size is the speed gate's
+    # business (the recorded H100 run measured 0.61x here: dispatch overhead dominates 2 MB tensors)
+    good_verdict = [r for r in rep.rejected if "good.py" in r]
+    assert rep.status == "kernel" or all("not faster" in r or "within noise" in r for r in good_verdict), rep
+    with torch.inference_mode():
+        torch.testing.assert_close(model(a, b), torch.nn.functional.silu(a) * b)
+
+
+@pytest.mark.skipif(not cb.nvrtc_available(), reason="NVRTC not installed")
+def test_nvrtc_leaves_the_interpreter_intact(monkeypatch, isolated_user_cache):
+    """Regression: NVRTC writing its (empty) log into CPython's cached b" " turned every 32 into 0 in torch.load."""
+    import io
+    cb.nvrtc_compile(SAXPY.replace("a * x[i]", "x[i] * a + 0.0f"), "sm_90", cb.nvrtc_options("sm_90", cb.toolkit_include_dirs()),
+                     True)
+    assert bytes([32]) == b" " and b" " == b"\x20"
+    buf = io.BytesIO()
+    torch.save(torch.zeros(32, 3), buf)
+    assert torch.load(io.BytesIO(buf.getvalue())).shape == (32, 3)

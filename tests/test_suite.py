@@ -1,0 +1,116 @@
+"""`metal-accel bench`: KernelBench-format problems through the pipeline, on the CPU backend (no GPU needed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from metal_accel import blocks
+from metal_accel.cli import main
+from metal_accel.problems import load_problems
+from metal_accel.suite import SuiteResult, Row, fit_batch, markdown, problem_key, select
+
+PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+batch_size = 64
+dim = 4096
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+def get_init_inputs():
+    return [2.0]
+'''
+
+CANDIDATE = '''
+SOURCE = r"""
+#include <cstdint>
+extern "C" void relu_scale(const float* x, float* y, float s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] > 0.0f ? x[i] : (x[i] != x[i] ? x[i] : 0.0f)) * s;
+}
+"""
+
+def forward(module, x):
+    y = torch.empty_like(x)
+    lib.relu_scale(x.contiguous(), y, float(module.scale), x.numel())
+    return y
+'''
+
+
+@pytest.fixture
+def suite_dir(tmp_path: Path) -> tuple[Path, Path]:
+    probs = tmp_path / "problems"
+    probs.mkdir()
+    (probs / "7_ReluScale.py").write_text(PROBLEM)
+    cands = tmp_path / "cands" / "cpu"
+    cands.mkdir(parents=True)
+    (cands / "7_ReluScale.py").write_text(CANDIDATE)
+    return probs, tmp_path / "cands"
+
+
+def test_fit_batch_halves_to_the_cap(suite_dir):
+    (p,) = load_problems(suite_dir[0])
+    assert fit_batch(p, None) == (64, 64)
+    assert fit_batch(p, 0.3) == (64, 16)  # 16 x 4096 floats = 0.26 MB
+    assert p.load().batch_size == 16
+
+
+def test_select_by_key_id_and_glob():
+    rows = [type("P", (), {"level": 2, "problem_id": i, "name": n})() for i, n in ((1, "Conv2D_ReLU"), (12, "Gemm_X"))]
+    assert [problem_key(p) for p in rows] == ["L2_1_Conv2D_ReLU", "L2_12_Gemm_X"]
+    assert select(rows, ["12"]) == rows[1:] and select(rows, ["*Conv*"]) == rows[:1]
+    assert select(rows, ["L2_*"]) == rows and select(rows, None) == rows
+
+
+def test_summary_and_markdown():
+    rows = [Row("L2_1_a", 2, 1, "a", attempted=True, status="kernel", candidate_correct=True, vs_eager=2.0, vs_compile=1.5),
+            Row("L2_2_b", 2, 2, "b", attempted=True, status="eager", candidate_correct=False, vs_eager=1.0,
+                vs_compile=0.5, reason="all 1 candidates rejected; best: incorrect"),
+            Row("L2_3_c", 2, 3, "c", attempted=False, status="eager", vs_eager=1.0)]
+    res = SuiteResult(rows, {}, None)
+    s = res.summary(2)
+    assert s["attempted"] == 2 and s["installed"] == 1 and s["correct"] == 1
+    assert abs(s["geomean_vs_eager"] - 2 ** 0.5) < 1e-9 and abs(s["geomean_vs_compile"] - 0.75 ** 0.5) < 1e-9
+    assert s["fraction_correct_and_1.05x"] == 0.5 and s["installed_slower_than_eager"] == []
+    md = markdown(res)
+    assert "L2_2_b" in md and "incorrect" in md and "1.41x vs eager" in md
+
+
+@pytest.mark.needs_cxx
+def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys):
+    probs, cands = suite_dir
+    out = tmp_path / "out"
+    rc = main(["bench", str(probs), "--backend", "cpu", "--provider", f"dir:{cands}", "--no-compile",
+               "--budget", "0.2", "--bench-budget", "0.2", "--max-tensor-mb", "0.3", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    data = json.loads((out / "suite.json").read_text())
+    (row,) = data["rows"]
+    assert row["key"] == "7_ReluScale" and row["batch"] == 16 and row["batch_original"] == 64
+    assert row["attempted"] and row["candidate_correct"] is True and row["output_ok"] is True
+    assert row["eager_us"] > 0 and row["kernel_us"] > 0 and row["status"] in ("kernel", "eager")
+    assert (out / "suite.md").exists() and (out / "suite.partial.jsonl").read_text().strip()
+    assert "7_ReluScale" in capsys.readouterr().out
+
+
+def test_blocks_run_eagerly_and_have_cuda_sources():
+    root = Path(__file__).resolve().parent.parent / "kernels_src" / "cuda"
+    for name, module, make in blocks.shipped_blocks("cpu"):
+        args = make()
+        out = module(*args)
+        assert out.shape == args[0].shape or isinstance(module, blocks.ConvBnAct), name
+        assert (root / f"{type(module).__name__}.py").is_file(), name
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(blocks.rotate_half(blocks.rotate_half(x)), -x)
