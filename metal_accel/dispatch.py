@@ -13,6 +13,7 @@ from .specs import call_signature
 
 log = logging.getLogger(__name__)
 _bypass_depth = 0
+_UNRESOLVED = object()
 bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
 
 
@@ -46,7 +47,7 @@ class Dispatcher:
         self.honor_bypass = True  # False for the timing probe, which must always run its kernel
         # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
-        self._resolved: set[tuple] = set()
+        self._resolved: dict[tuple, KernelOp | None] = {}
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
 
     def add(self, signature: tuple, op: KernelOp) -> None:
@@ -58,10 +59,11 @@ class Dispatcher:
             sig = call_signature(args, kwargs)
         except TypeError:  # an unhashable argument: no kernel can be specialized on it
             return None
-        op = self.table.get(sig)
-        if op is None and self.resolver is not None and sig not in self._resolved:
-            self._resolved.add(sig)
-            op = self.resolver(args, kwargs)
+        if self.resolver is None:
+            return self.table.get(sig)
+        op = self._resolved.get(sig, _UNRESOLVED)  # one hash of the signature on the hot path
+        if op is _UNRESOLVED:
+            op = self._resolved[sig] = self.resolver(args, kwargs)
             if op is not None:
                 self.table[sig] = op
         return op
@@ -87,6 +89,7 @@ class Dispatcher:
             if self.strict:
                 raise
             self.table = {s: o for s, o in self.table.items() if o is not op}
+            self._resolved = {s: (None if o is op else o) for s, o in self._resolved.items()}
             self._first_shapes = _first_shapes(self.table)
             self.failures[op.name] = f"{type(exc).__name__}: {exc}"
             log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
