@@ -18,7 +18,7 @@ from .bench import compare_speed
 from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
-from .dispatch import Dispatcher, eager_forward, eager_only
+from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
 from .errors import CacheError
 from .synth.base import Evaluation
 from .testdata import make_inputs
@@ -52,8 +52,11 @@ class CompiledOp:
         self._fn: Callable[..., Any] = torch.compile(eager_forward(module), fullgraph=True, dynamic=False)
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
-        with eager_only():  # the compiled graph is of pure eager code; children's kernels stay out
+        enter_eager()  # the compiled graph is of pure eager code; children's kernels stay out
+        try:
             return self._fn(*args, **kwargs)
+        finally:
+            exit_eager()
 
 
 def generated_code(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:

@@ -1,9 +1,8 @@
 """The dispatcher that replaces a module's forward: input spec -> kernel op, else the original forward."""
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -17,20 +16,32 @@ _UNRESOLVED = object()
 bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
 
 
-@contextlib.contextmanager
-def eager_only() -> Iterator[None]:
-    """Within this block every module runs its own eager forward: no kernels, no torch.compile.
-
-    Public as `metal_accel.eager()`: for reference runs and side-by-side timing.
-    """
+def enter_eager() -> None:
     global _bypass_depth, bypass
     _bypass_depth += 1
     bypass = True
-    try:
-        yield
-    finally:
-        _bypass_depth -= 1
-        bypass = _bypass_depth > 0
+
+
+def exit_eager() -> None:
+    global _bypass_depth, bypass
+    _bypass_depth -= 1
+    bypass = _bypass_depth > 0
+
+
+class eager_only:  # noqa: N801  (used like a function: `with eager_only():`)
+    """Within this block every module runs its own eager forward: no kernels, no torch.compile.
+
+    Public as `metal_accel.eager()`: for reference runs and side-by-side timing. A plain class
+    rather than @contextmanager: it sits on the hot path of installed torch.compile candidates.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        enter_eager()
+
+    def __exit__(self, *exc: Any) -> None:
+        exit_eager()
 
 
 class Dispatcher:
