@@ -20,7 +20,7 @@ import torch
 from .. import config
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
 from .base import Environment, os_description, torch_major_minor
-from .cpu_signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c
+from .cpu_signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c, scalar_converter
 
 COMPILE_TIMEOUT_S = 120
 LOCK_TIMEOUT_S = 600
@@ -54,36 +54,10 @@ def _pointer_converter(kernel: str, i: int, p: CParam) -> Callable[[Any], int]:
     return convert
 
 
-def _scalar_converter(kernel: str, i: int, p: CParam) -> Callable[[Any], Any]:
-    _, integral, lo, hi = SCALAR_TYPES[p.base_type]
-    where = f"kernel {kernel}, argument {i} ({p})"
-
-    def slow(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if x.dim() != 0:
-                raise KernelLaunchError(f"{where}: expected a scalar or 0-dim tensor, got shape {tuple(x.shape)}")
-            x = x.item()
-        if integral:
-            if isinstance(x, float) or not hasattr(x, "__index__"):
-                raise KernelLaunchError(f"{where}: expected an integer, got {type(x).__name__} {x!r}")
-            v = int(x.__index__())
-            if not lo <= v <= hi:
-                raise KernelLaunchError(f"{where}: {v} is out of range for {p.base_type}")
-            return v
-        try:
-            return float(x)
-        except (TypeError, ValueError):
-            raise KernelLaunchError(f"{where}: expected a number, got {type(x).__name__}") from None
-
-    if integral:
-        return lambda x: x if type(x) is int and lo <= x <= hi else slow(x)
-    return lambda x: x if type(x) is float else slow(x)
-
-
 def _bind(kernel: str, fn: Any, params: list[CParam]) -> Callable[..., None]:
     fn.argtypes = [ctypes.c_void_p if p.is_pointer else SCALAR_TYPES[p.base_type][0] for p in params]
     fn.restype = None
-    convs = [(_pointer_converter if p.is_pointer else _scalar_converter)(kernel, i, p) for i, p in enumerate(params)]
+    convs = [(_pointer_converter if p.is_pointer else scalar_converter)(kernel, i, p) for i, p in enumerate(params)]
     arity = len(params)
     signature = f"{kernel}({', '.join(map(str, params))})"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import ctypes
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ..errors import CompileError
+from ..errors import CompileError, KernelLaunchError
 
 # pointer base type -> tensor dtypes it accepts
 POINTER_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
@@ -139,3 +139,34 @@ def parse_extern_c(source: str) -> dict[str, list[CParam]]:
         raw = m["params"].split(",") if m["params"].strip() not in ("", "void") else []
         funcs.setdefault(name, [_parse_param(name, i, p) for i, p in enumerate(raw)])
     return funcs
+
+
+def scalar_converter(kernel: str, i: int, p: Any, table: dict[str, tuple[Any, bool, int, int]] = SCALAR_TYPES
+                     ) -> Callable[[Any], Any]:
+    """A function from a Python number (or 0-dim tensor) to parameter `p`'s C scalar value.
+
+    `table` maps the base type to (ctypes type, is integer, min, max); the exact Python type is the
+    fast path, everything else is checked and converted or refused with KernelLaunchError.
+    """
+    _, integral, lo, hi = table[p.base_type]
+    where = f"kernel {kernel}, argument {i} ({p})"
+
+    def slow(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.dim() != 0:
+                raise KernelLaunchError(f"{where}: expected a scalar or 0-dim tensor, got shape {tuple(x.shape)}")
+            x = x.item()
+        if integral:
+            if isinstance(x, float) or not hasattr(x, "__index__"):
+                raise KernelLaunchError(f"{where}: expected an integer, got {type(x).__name__} {x!r}")
+            v = int(x.__index__())
+            if not lo <= v <= hi:
+                raise KernelLaunchError(f"{where}: {v} is out of range for {p.base_type}")
+            return v
+        if not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+            raise KernelLaunchError(f"{where}: expected a number, got {type(x).__name__}")
+        return float(x)
+
+    if integral:
+        return lambda x: x if type(x) is int and lo <= x <= hi else slow(x)
+    return lambda x: x if type(x) is float else slow(x)

@@ -30,7 +30,7 @@ from .. import config
 from ..bench import TimingRejected
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
 from .base import Environment, os_description, torch_major_minor
-from . import cuda_nvrtc
+from . import cuda_nvrtc  # noqa: F401  (tests patch it through this module)
 from .cuda_nvrtc import (_bindings, _check, _header_digest, cache_key, nvrtc_available, nvrtc_compile,  # noqa: F401
                          nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
 from .cuda_signature import ArgBinder, CudaParam, launch_dims, parse_cuda_kernels

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import CompileError, KernelLaunchError
 from .cpu_signature import _clean, _declarations, _match_brace
+from .cpu_signature import scalar_converter as _scalar_converter
 
 _F16, _BF16 = torch.float16, torch.bfloat16
 # pointer base type -> (tensor dtypes it accepts, required byte alignment of the data pointer)
@@ -242,28 +243,7 @@ def pointer_converter(kernel: str, i: int, p: CudaParam, device_type: str = "cud
 
 def scalar_converter(kernel: str, i: int, p: CudaParam) -> Callable[[Any], Any]:
     """A function from a Python number (or 0-dim tensor) to the kernel's C scalar value."""
-    _, integral, lo, hi = SCALAR_TYPES[p.base_type]
-    where = f"kernel {kernel}, argument {i} ({p})"
-
-    def slow(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if x.dim() != 0:
-                raise KernelLaunchError(f"{where}: expected a scalar or 0-dim tensor, got shape {tuple(x.shape)}")
-            x = x.item()
-        if integral:
-            if isinstance(x, float) or not hasattr(x, "__index__"):
-                raise KernelLaunchError(f"{where}: expected an integer, got {type(x).__name__} {x!r}")
-            v = int(x.__index__())
-            if not lo <= v <= hi:
-                raise KernelLaunchError(f"{where}: {v} is out of range for {p.base_type}")
-            return v
-        if isinstance(x, torch.Tensor) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
-            raise KernelLaunchError(f"{where}: expected a number, got {type(x).__name__}")
-        return float(x)
-
-    if integral:
-        return lambda x: x if type(x) is int and lo <= x <= hi else slow(x)
-    return lambda x: x if type(x) is float else slow(x)
+    return _scalar_converter(kernel, i, p, SCALAR_TYPES)
 
 
 class ArgBinder:
