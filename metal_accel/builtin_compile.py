@@ -19,6 +19,7 @@ from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
+from .prove import float64_reference
 from .errors import CacheError
 from .synth.base import Evaluation
 from .testdata import make_inputs
@@ -101,7 +102,7 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
         results = [run_trial(lambda *a, **k: op(a, k, []), t.args, t.kwargs, [], repeat=(i == 0),
                              sync=backend.synchronize) for i, t in enumerate(trials)]
         with eager_only():
-            result = judge(trials, results, original)
+            result = judge(trials, results, original, float64_reference(module, original))
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
     probe = Dispatcher(module, original, strict=True)

@@ -147,8 +147,9 @@ def _close(o: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> tuple[torch.Tens
 def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor | None = None) -> dict[str, float]:
     """Raise Mismatch unless `out` matches eager `ref` in type, shape, dtype, device, NaN/Inf and values.
 
-    With a float64 reference, an element also passes when it is within tolerance of the exact
-    value (eager's own rounding is not the truth), and the error norm may be up to twice eager's.
+    With a float64 reference, an element also passes when it is within tolerance of the exact value
+    plus twice eager's own error there (eager's rounding is not the truth), and the error norm may
+    be up to twice eager's.
     """
     if not isinstance(out, torch.Tensor):
         raise Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
@@ -180,8 +181,10 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
     x = None
     if ref64 is not None and torch.isfinite(ref64[finite]).all():
         x = ref64.detach().double()[finite]
-        bad64, _, _ = _close(o, x, tol)
-        bad = bad & bad64
+        _, err64, allowed64 = _close(o, x, tol)
+        # where eager itself is inaccurate (ill-conditioned inputs), being as far from the exact value
+        # as twice eager's own error is as good as eager; never looser than that
+        bad = bad & (err64 > allowed64 + 2 * (r - x).abs())
         x_norm = x.norm().item()
         if x_norm > 0:
             norm_limit = max(tol.norm, 2 * (r - x).norm().item() / x_norm)
