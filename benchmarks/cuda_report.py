@@ -114,7 +114,8 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 def body() -> tuple[str, str]:
-    from metal_accel.suite import SuiteResult, markdown
+    from metal_accel.suite import SuiteResult
+    from metal_accel.suite_report import markdown
     rows, missing, raw = load_rows()
     env = raw["run3"]["environment"]
     dram = raw["run3"]["dram_bandwidth_gbs"]

@@ -38,7 +38,8 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .suite import markdown, run_suite, write_outputs
+    from .suite import run_suite
+    from .suite_report import markdown, write_outputs
 
     from pathlib import Path
 

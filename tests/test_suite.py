@@ -10,7 +10,8 @@ import torch
 from metal_accel import blocks
 from metal_accel.cli import main
 from metal_accel.problems import load_problems
-from metal_accel.suite import SuiteResult, Row, fit_batch, markdown, problem_key, select
+from metal_accel.suite import Row, SuiteResult, fit_batch, problem_key, select
+from metal_accel.suite_report import markdown
 
 PROBLEM = '''
 import torch
