@@ -45,12 +45,23 @@ def check_builtin(cand: Candidate) -> None:
         raise CacheError("malformed built-in candidate")
 
 
+def _own_frame(forward: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`forward` behind a function with a code object of its own. Dynamo keeps its compiled graphs
+    and its recompile limit per code object; compiling many bound forwards directly shares one
+    wrapper frame among them all, and after 8 modules everything falls back to eager."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+    call.__code__ = call.__code__.replace(co_name=name)
+    return call
+
+
 class CompiledOp:
     """Dispatcher-compatible op: the compiled eager forward, with child dispatchers bypassed."""
 
     def __init__(self, module: torch.nn.Module, name: str) -> None:
         self.name = name
-        self._fn: Callable[..., Any] = torch.compile(eager_forward(module), fullgraph=True, dynamic=False)
+        self._fn: Callable[..., Any] = torch.compile(_own_frame(eager_forward(module), name), fullgraph=True,
+                                                     dynamic=False)
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
         enter_eager()  # the compiled graph is of pure eager code; children's kernels stay out

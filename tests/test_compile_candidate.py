@@ -119,3 +119,18 @@ def test_llm_request_carries_compile_time_and_generated_code(compile_on):
     (req,) = recorder.requests
     assert req.compile_us is not None and req.compile_us > 0
     assert "def " in req.compiled_code or "void" in req.compiled_code  # inductor's output for this call
+
+
+def test_many_compiled_modules_do_not_share_one_recompile_budget():
+    # Dynamo limits recompiles per code object (8); each installed compile must have its own frame,
+    # or the ninth module of a process would fail to compile (fullgraph) for no reason of its own.
+    from torch._dynamo.utils import counters
+
+    from metal_accel.builtin_compile import CompiledOp
+    before = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        for i in range(12):
+            module = nn.Linear(8, 8 + i) if i % 2 else nn.Sequential(*[nn.ReLU() for _ in range(1 + i % 3)])
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(CompiledOp(module, f"compile_t{i}")((x,), {}, []), module(x))
+    assert counters["stats"]["unique_graphs"] - before == 12

@@ -1,0 +1,60 @@
+"""KernelBench on the CPU through the pipeline, torch.compile included as a candidate (issue 8).
+
+    python benchmarks/kernelbench_cpu.py [--level 2] [--ids 1-30] [--max-tensor-mb 2] [--from DIR]
+
+Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
+eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
+chosen best side by side. Writes its section of docs/benchmarks.md. `--from DIR` writes the section
+from an earlier run's output directory instead of running again.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def bench_command(args: argparse.Namespace, out: str) -> list[str]:
+    lo, _, hi = args.ids.partition("-")
+    ids = [str(i) for i in range(int(lo), int(hi or lo) + 1)]
+    return ["metal-accel", "bench", str(ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"), "--backend", "cpu",
+            "--level", str(args.level), "--problems", *ids, "--max-tensor-mb", str(args.max_tensor_mb),
+            "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--level", type=int, default=2)
+    parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30")
+    parser.add_argument("--max-tensor-mb", type=float, default=2.0)
+    parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    out = args.from_dir or tempfile.mkdtemp(prefix="kernelbench_cpu_")
+    cmd = bench_command(args, "OUT")
+    if not args.from_dir:
+        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True)
+    table = (Path(out) / "suite.md").read_text()
+    body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and kernel "
+            "candidates (none for the CPU yet), under the same proof and speed gate; the table times eager, "
+            "torch.compile of the whole Model and the chosen best side by side (medians, interleaved). "
+            f"`batch_size` is halved until no tensor exceeds {args.max_tensor_mb:g} MB, so shapes are smaller "
+            "than KernelBench's.\n\n" + table)
+    print(body)
+    if not args.no_write:
+        from _docs import write_section
+        write_section("kernelbench_cpu", f"CPU: KernelBench level {args.level} (problems {args.ids}), "
+                      "best of eager / torch.compile / kernels", "python benchmarks/kernelbench_cpu.py "
+                      f"--level {args.level} --ids {args.ids} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
+                      + shlex.join(cmd) + ")", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
