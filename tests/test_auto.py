@@ -34,7 +34,7 @@ hook.deactivate()
 with torch.inference_mode():
     ref = m(x)
 print(json.dumps({{"hits": auto.hits if auto else 0, "patched": patched,
-                  "max_err": (y - ref).abs().max().item()}}))
+                  "max_err": ((y - ref).abs() / (ref.abs() + 1)).max().item()}}))
 """
 
 
@@ -62,7 +62,7 @@ def test_import_alone_runs_cached_kernels(cached_chain, first):
     res = run_script(cached_chain, first)
     assert res["patched"] == ["Chain"]
     assert res["hits"] == 1
-    assert res["max_err"] == 0.0 or res["max_err"] < 1e-5
+    assert res["max_err"] < 1e-5  # relative to the output's magnitude
 
 
 def test_disable_turns_it_off(cached_chain):

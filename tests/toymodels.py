@@ -4,26 +4,30 @@ from torch import nn
 
 
 class Chain(nn.Module):
-    """A dozen elementwise ops: eager pays a dispatch per op, a fused kernel pays one."""
+    """Three rounds of a dozen elementwise ops: eager pays a dispatch per op, a fused kernel pays
+    one, so a correct kernel wins by several times and speed-gate tests do not depend on noise."""
 
     def __init__(self, n: int = 256) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.linspace(0.5, 1.5, n))
         self.shift = 0.125
+        self.rounds = 3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x * self.scale
-        y = y + self.shift
-        y = torch.relu(y)
-        y = y * 0.5
-        y = y - x
-        y = y * y
-        y = y + 1.0
-        y = torch.sqrt(y)
-        y = y * x
-        y = y - 0.25
-        y = torch.abs(y)
-        return y + x
+        for _ in range(self.rounds):
+            y = x * self.scale
+            y = y + self.shift
+            y = torch.relu(y)
+            y = y * 0.5
+            y = y - x
+            y = y * y
+            y = y + 1.0
+            y = torch.sqrt(y)
+            y = y * x
+            y = y - 0.25
+            y = torch.abs(y)
+            x = y + x
+        return x
 
 
 class Net(nn.Module):
@@ -38,11 +42,14 @@ class Net(nn.Module):
 
 _CHAIN_BODY = """
       float v = x[r * n + i];
-      float y = v * s[i] + shift;
-      y = y > 0.0f ? y : 0.0f;
-      y = y * 0.5f - v;
-      y = std::sqrt(y * y + 1.0f) * v - 0.25f;
-      out[r * n + i] = std::fabs(y) + v;"""
+      for (int round = 0; round < 3; ++round) {
+        float y = v * s[i] + shift;
+        y = y > 0.0f ? y : 0.0f;
+        y = y * 0.5f - v;
+        y = std::sqrt(y * y + 1.0f) * v - 0.25f;
+        v = std::fabs(y) + v;
+      }
+      out[r * n + i] = v;"""
 
 CHAIN_HOST = '''
 def forward(module, x):
@@ -64,7 +71,7 @@ def chain_candidate(body: str = _CHAIN_BODY, extra: str = "") -> str:
 GOOD = chain_candidate()
 WRONG = chain_candidate(_CHAIN_BODY.replace("+ v;", "+ 1.001f * v;"))
 UNWRITTEN_TAIL = chain_candidate(_CHAIN_BODY.replace("out[r * n + i] =", "if (i + 1 < n) out[r * n + i] ="))
-SLOW = chain_candidate(extra="    for (volatile int spin = 0; spin < 20000; ++spin) {}\n")
+SLOW = chain_candidate(extra="    for (volatile int spin = 0; spin < 200000; ++spin) {}\n")
 NO_COMPILE = chain_candidate(_CHAIN_BODY.replace("float v", "flot v"))
 RAISES = GOOD.replace("lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)",
                       "lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n)")
