@@ -112,9 +112,9 @@ def _parse_param(func: str, index: int, text: str) -> CParam:
     return CParam(name, base, stars == 1, is_const)
 
 
-def parse_extern_c(source: str) -> dict[str, list[CParam]]:
-    """The extern "C" functions of SOURCE with their parameters, in source order."""
-    text = _clean(source)
+def extern_c_declarations(text: str) -> list[str]:
+    """The declarations (text before each ';' or body) under `extern "C"` in cleaned source TEXT,
+    whether each is marked alone or inside an `extern "C" { ... }` block."""
     headers: list[str] = []
     for m in re.finditer(r'\bextern\s*"C"\s*', text):
         if text.startswith("{", m.end()):
@@ -123,6 +123,12 @@ def parse_extern_c(source: str) -> dict[str, list[CParam]]:
         else:
             stop = re.compile(r"[;{]").search(text, m.end())
             headers.append(text[m.end():stop.start() if stop else len(text)])
+    return headers
+
+
+def parse_extern_c(source: str) -> dict[str, list[CParam]]:
+    """The extern "C" functions of SOURCE with their parameters, in source order."""
+    headers = extern_c_declarations(_clean(source))
     funcs: dict[str, list[CParam]] = {}
     for header in headers:
         header = " ".join(header.split())

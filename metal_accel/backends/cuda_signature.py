@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import CompileError, KernelLaunchError
-from .cpu_signature import _clean, _declarations, _match_brace
+from .cpu_signature import _clean, extern_c_declarations
 from .cpu_signature import scalar_converter as _scalar_converter
 
 _F16, _BF16 = torch.float16, torch.bfloat16
@@ -112,15 +112,7 @@ def parse_cuda_kernels(source: str) -> dict[str, list[CudaParam]]:
     Device helpers (`__device__`), templates and host code are skipped; a kernel must be
     `extern "C"` (unmangled, so it can be looked up by name) and return void.
     """
-    text = _clean(source)
-    headers: list[str] = []
-    for m in re.finditer(r'\bextern\s*"C"\s*', text):
-        if text.startswith("{", m.end()):
-            end = _match_brace(text, m.end())
-            headers += _declarations(text[m.end() + 1:end - 1])
-        else:
-            stop = re.compile(r"[;{]").search(text, m.end())
-            headers.append(text[m.end():stop.start() if stop else len(text)])
+    headers = extern_c_declarations(_clean(source))
     kernels: dict[str, list[CudaParam]] = {}
     for header in headers:
         header = " ".join(header.split())
