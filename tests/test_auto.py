@@ -62,7 +62,9 @@ def test_import_alone_runs_cached_kernels(cached_chain, first):
     res = run_script(cached_chain, first)
     assert res["patched"] == ["Chain"]
     assert res["hits"] == 1
-    assert res["max_err"] < 1e-5  # relative to the output's magnitude
+    # within the pipeline's float32 tolerance (validate.TOLERANCES: rtol 1e-4); the fused kernel's
+    # contracted multiply-adds round differently from eager's separate ops over three rounds
+    assert res["max_err"] < 1e-4
 
 
 def test_disable_turns_it_off(cached_chain):
