@@ -52,6 +52,29 @@ class KernelLibrary(Protocol):
     def __getattr__(self, name: str) -> Callable[..., None]: ...
 
 
+class BoundKernels:
+    """Mixin for libraries whose kernels are bound callables: `lib.<kernel>` is a plain attribute
+    (the hot path), `lib.kernel(name)` also reaches names that clash with the library's own."""
+
+    _kernels: dict[str, Callable[..., None]]
+
+    def _install_kernels(self, kernels: dict[str, Callable[..., None]]) -> None:
+        self._kernels = kernels
+        for n, k in kernels.items():
+            if n not in self.__dict__ and not hasattr(type(self), n):
+                self.__dict__[n] = k
+
+    def kernel(self, name: str) -> Callable[..., None]:
+        """The kernel NAME."""
+        kernels = self.__dict__.get("_kernels", {})
+        if name not in kernels:
+            raise AttributeError(f"no kernel {name!r} in this library; available: {', '.join(kernels) or 'none'}")
+        return kernels[name]
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return self.kernel(name)
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A device on which candidates are compiled, run and timed."""

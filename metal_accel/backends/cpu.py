@@ -19,7 +19,7 @@ import torch
 
 from .. import config
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
-from .base import Environment, os_description, torch_major_minor
+from .base import BoundKernels, Environment, os_description, torch_major_minor
 from .cpu_signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c, scalar_converter
 
 COMPILE_TIMEOUT_S = 120
@@ -74,7 +74,7 @@ def _bind(kernel: str, fn: Any, params: list[CParam]) -> Callable[..., None]:
     return launch
 
 
-class CpuLibrary:
+class CpuLibrary(BoundKernels):
     """A loaded shared object; `lib.<kernel>(*args)` calls one extern "C" kernel."""
 
     def __init__(self, path: Path, signatures: dict[str, list[CParam]], compiled_now: bool) -> None:
@@ -87,20 +87,7 @@ class CpuLibrary:
         self.signatures = signatures
         self.compiled_now = compiled_now
         self.kernel_names = tuple(signatures)
-        self._kernels = {n: _bind(n, fns[n], ps) for n, ps in signatures.items()}
-        for n, k in self._kernels.items():  # plain attribute lookup on the hot path
-            if n not in self.__dict__ and not hasattr(type(self), n):
-                self.__dict__[n] = k
-
-    def kernel(self, name: str) -> Callable[..., None]:
-        """The kernel NAME (also for names that clash with this class's attributes)."""
-        kernels = self.__dict__.get("_kernels", {})
-        if name not in kernels:
-            raise AttributeError(f"no kernel {name!r} in this library; available: {', '.join(kernels) or 'none'}")
-        return kernels[name]
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return self.kernel(name)
+        self._install_kernels({n: _bind(n, fns[n], ps) for n, ps in signatures.items()})
 
     def __repr__(self) -> str:
         return f"CpuLibrary({self.path.name}, kernels={self.kernel_names})"
@@ -176,13 +163,18 @@ def _cpu_identity() -> str:
 @functools.cache
 def _flags() -> tuple[str, ...]:
     arch = "-mcpu=native" if sys.platform == "darwin" and platform.machine() == "arm64" else "-march=native"
-    flags = ["-O3", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}"]
+    return ("-O3", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}", *openmp_flags())
+
+
+@functools.cache
+def openmp_flags() -> tuple[str, ...]:
+    """-fopenmp where the compiler has it; Apple clang needs Homebrew's libomp, else no OpenMP."""
     if sys.platform != "darwin":
-        return tuple(flags + ["-fopenmp"])
+        return ("-fopenmp",)
     for prefix in ("/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
         if Path(prefix, "include", "omp.h").exists():
-            return tuple(flags + ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include", f"-L{prefix}/lib", "-lomp"])
-    return tuple(flags)
+            return ("-Xpreprocessor", "-fopenmp", f"-I{prefix}/include", f"-L{prefix}/lib", "-lomp")
+    return ()
 
 
 def _include_digest() -> str:

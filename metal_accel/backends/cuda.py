@@ -29,7 +29,7 @@ import torch
 from .. import config
 from ..bench import TimingRejected
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
-from .base import Environment, os_description, torch_major_minor
+from .base import BoundKernels, Environment, os_description, torch_major_minor
 from . import cuda_nvrtc  # noqa: F401  (tests patch it through this module)
 from .cuda_nvrtc import (_bindings, _check, _header_digest, cache_key, nvrtc_available, nvrtc_compile,  # noqa: F401
                          nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
@@ -105,7 +105,7 @@ def _raw_stream() -> Callable[[int], int]:
     return lambda device: torch.cuda.current_stream(device).cuda_stream
 
 
-class CudaLibrary:
+class CudaLibrary(BoundKernels):
     """Compiled CUDA kernels; `lib.<kernel>(*args, threads=..., group_size=...)` launches one."""
 
     def __init__(self, image: bytes, signatures: dict[str, list[CudaParam]], path: Path, compiled_now: bool) -> None:
@@ -116,10 +116,7 @@ class CudaLibrary:
         self.kernel_names = tuple(signatures)
         self._loaded: dict[int, _Loaded] = {}
         self._lock = threading.Lock()
-        self._kernels = {n: self._launcher(n, ps) for n, ps in signatures.items()}
-        for n, k in self._kernels.items():
-            if n not in self.__dict__ and not hasattr(type(self), n):
-                self.__dict__[n] = k
+        self._install_kernels({n: self._launcher(n, ps) for n, ps in signatures.items()})
 
     def loaded(self, device: int) -> _Loaded:
         got = self._loaded.get(device)
@@ -175,15 +172,6 @@ class CudaLibrary:
         launch.__name__ = name
         launch.__doc__ = binder.signature
         return launch
-
-    def kernel(self, name: str) -> Callable[..., None]:
-        kernels = self.__dict__.get("_kernels", {})
-        if name not in kernels:
-            raise AttributeError(f"no kernel {name!r} in this library; available: {', '.join(kernels) or 'none'}")
-        return kernels[name]
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return self.kernel(name)
 
     def __repr__(self) -> str:
         return f"CudaLibrary({self.path.name}, kernels={self.kernel_names})"

@@ -32,7 +32,7 @@ import torch
 from .. import config
 from ..errors import CompileError, KernelLaunchError
 from .base import Environment, os_description, torch_major_minor
-from .cpu import artifact_path, cpu_name, find_compiler
+from .cpu import artifact_path, cpu_name, find_compiler, openmp_flags
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
 COMPILE_TIMEOUT_S = 180
@@ -267,14 +267,8 @@ class EmuLibrary:
 
 @functools.cache
 def _flags() -> tuple[str, ...]:
-    flags = ["-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off",
-             "-fno-math-errno", "-w", f"-I{config.include_dir()}"]
-    if sys.platform != "darwin":
-        return tuple(flags + ["-fopenmp"])
-    for prefix in ("/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
-        if Path(prefix, "include", "omp.h").exists():
-            return tuple(flags + ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include", f"-L{prefix}/lib", "-lomp"])
-    return tuple(flags)
+    return ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off",
+            "-fno-math-errno", "-w", f"-I{config.include_dir()}", *openmp_flags())
 
 
 @functools.cache
