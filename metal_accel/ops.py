@@ -110,6 +110,12 @@ class KernelOp:
         return [like.new_empty(t.shape, dtype=t.torch_dtype) for t in self.output_spec.tensors]
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
+        if self._tensors_only and not kwargs and _plain_eager(args):  # the hot path: host code called directly
+            out = self._host(self._module_view(state), *args)
+            if self.output_spec.single and type(out) is torch.Tensor:
+                return out
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)
+            return outs[0] if self.output_spec.single else tuple(outs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if kwargs:
             tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
@@ -120,16 +126,24 @@ class KernelOp:
         return outs[0] if self.output_spec.single else tuple(outs)
 
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
 
 
-def _plain_eager(tensors: list[torch.Tensor]) -> bool:
+def _plain_eager(tensors: list[torch.Tensor] | tuple) -> bool:
     """True when calling the implementation directly is indistinguishable from calling the op:
     no compiler or exporter tracing, no profiler (which should see the op by name), no torch
-    function or dispatch mode, and no tensor subclass (fake tensors, proxies) among the inputs."""
-    return not (torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled()
-                or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-                or any(type(t) not in _PLAIN_TENSORS for t in tensors))
+    function or dispatch mode, and only plain tensors (or parameters) among the inputs: no fake
+    tensors, proxies or other subclasses."""
+    if _is_compiling() or _profiler_enabled() or _dispatch_modes() or _function_modes():
+        return False
+    for t in tensors:
+        if type(t) is not _Tensor and type(t) is not torch.nn.Parameter:
+            return False
+    return True
 
 
 def kernel_op(entry_key: str, digest: str, make_host: Callable[[], Callable[..., Any]], spec: InputSpec,

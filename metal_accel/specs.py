@@ -103,7 +103,9 @@ def _arg_from_dict(d: dict[str, Any]) -> ArgSpec:
 
 def _runtime_signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):  # torch.Size hashes and compares equal to the tuple
-        return (value.shape, value.stride(), value.dtype, value.device.type)
+        # is_cpu / is_cuda first: `value.device` builds a torch.device object (a quarter microsecond)
+        kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
+        return (value.shape, value.stride(), value.dtype, kind)
     if isinstance(value, list):
         return ("s", tuple(value))
     return ("s", value)
@@ -111,7 +113,7 @@ def _runtime_signature(value: Any) -> Any:
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
     """Hashable signature of a call, cheap enough for the dispatch hot path."""
-    sig = tuple(_runtime_signature(a) for a in args)
+    sig = tuple([_runtime_signature(a) for a in args])
     if kwargs:
         sig += tuple((k, _runtime_signature(kwargs[k])) for k in sorted(kwargs))
     return sig

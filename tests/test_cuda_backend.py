@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metal_accel.backends import cuda as cb
-from metal_accel.backends.cuda_signature import ArgBinder, CudaParam, launch_dims, parse_cuda_kernels
+from metal_accel.backends.cuda_signature import ArgBinder, launch_dims, parse_cuda_kernels
 from metal_accel.bench import TimingRejected, compare_speed
 from metal_accel.errors import BackendUnavailableError, CompileError, KernelLaunchError
 
@@ -104,6 +104,25 @@ def test_binding_packs_pointers_and_scalars():
     assert ctypes.c_float.from_address(ptrs[2]).value == 2.0
     assert ctypes.c_int64.from_address(ptrs[3]).value == 8
     assert b.values([x, y, 1, torch.tensor(3)])[2:] == [1.0, 3]
+
+
+def test_binding_packs_mixed_scalars_at_c_alignment():
+    src = ('extern "C" __global__ void k(char c, double d, int i, const float* p, bool b, short s, float f, '
+           'unsigned long long u, uint8_t n) {}')
+    b = _binder(src)
+    x = torch.ones(4)
+    vals = [-3, 2.5, -7, x, True, -2, 0.25, 2**64 - 1, 255]
+    addr, _keep = b.pack(b.values(vals))
+    ptrs = (ctypes.c_void_p * 9).from_address(addr)
+    kinds = [ctypes.c_int8, ctypes.c_double, ctypes.c_int32, ctypes.c_void_p, ctypes.c_bool, ctypes.c_int16,
+             ctypes.c_float, ctypes.c_uint64, ctypes.c_uint8]
+    got = [kind.from_address(ptrs[i]).value for i, kind in enumerate(kinds)]
+    assert got == [-3, 2.5, -7, x.data_ptr(), True, -2, 0.25, 2**64 - 1, 255]
+
+    class Layout(ctypes.Structure):  # what a C compiler lays out for these parameters
+        _fields_ = [(f"a{i}", kind) for i, kind in enumerate(kinds)]
+    assert [ptrs[i] - ptrs[0] for i in range(9)] == [getattr(Layout, f"a{i}").offset for i in range(9)]
+    assert b.bind(vals) == addr  # the fused hot path fills the same per-thread buffer
 
 
 @pytest.mark.parametrize("args, msg", [

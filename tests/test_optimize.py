@@ -16,6 +16,7 @@ from metal_accel import cache as cache_mod
 from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Net
 
 pytestmark = pytest.mark.needs_cxx
+KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}  # validate.TOLERANCES for float32
 HERE = Path(__file__).parent
 
 
@@ -49,8 +50,9 @@ def test_correct_kernel_is_installed_and_matches_eager(tmp_path):
         got = model(x2)
     disp = model.chain.__dict__["forward"]
     assert disp.hits >= 1
-    torch.testing.assert_close(got, model.proj(model.chain.__class__.forward(model.chain, x2)))
-    torch.testing.assert_close(run(model, x), ref)
+    # at the pipeline's float32 tolerance: the fused kernel's contracted multiply-adds round differently
+    torch.testing.assert_close(got, model.proj(model.chain.__class__.forward(model.chain, x2)), **KERNEL_TOL)
+    torch.testing.assert_close(run(model, x), ref, **KERNEL_TOL)
 
 
 def test_other_shape_runs_eager(tmp_path):

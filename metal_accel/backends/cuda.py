@@ -97,6 +97,14 @@ def _libcuda() -> tuple[Callable[..., int], Callable[..., int]]:
     return launch, set_ctx
 
 
+_LAUNCH: list[Any] = [None]  # cuLaunchKernel once loaded: the hot path reads it without a call
+
+
+def _load_launch() -> Callable[..., int]:
+    _LAUNCH[0] = _libcuda()[0]
+    return _LAUNCH[0]
+
+
 def _raw_stream() -> Callable[[int], int]:
     """device index -> PyTorch's current cudaStream_t on it, as an int."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -131,40 +139,44 @@ class CudaLibrary(BoundKernels):
         binder = ArgBinder(name, params)
         raw_stream = _raw_stream()
         dims_cache: dict[Any, Any] = {}
+        loaded = self._loaded
+        # one visible GPU: every CUDA tensor is on device 0 (the converters check is_cuda)
+        single_device = torch.cuda.is_available() and torch.cuda.device_count() == 1
 
         def launch(*args: Any, threads: Any = None, group_size: Any = None, grid: Any = None, block: Any = None,
                    shared_mem: int = 0) -> None:
-            values = binder.values(args)
-            key = (threads, group_size, grid, block)
             try:
-                dims = dims_cache[key]
+                dims = dims_cache[(threads, group_size, grid, block)]
             except (KeyError, TypeError):  # TypeError: an unhashable argument (a list): no caching
                 dims = launch_dims(name, threads=threads, group_size=group_size, grid=grid, block=block)
                 if len(dims_cache) < 4096:
                     try:
-                        dims_cache[key] = dims
+                        dims_cache[(threads, group_size, grid, block)] = dims
                     except TypeError:
                         pass
+            params_addr = binder.bind(args)  # converts and checks every argument, then packs
             if dims is None:
                 return  # nothing to do (an empty tensor)
-            device = binder.device(args)
-            if device is None:
-                device = torch.cuda.current_device()
-            if type(shared_mem) is not int or shared_mem < 0:
-                raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {shared_mem!r}")
-            mod = self._loaded.get(device) or self.loaded(device)
-            if shared_mem > DEFAULT_SMEM_LIMIT:
-                mod.ensure_smem(name, shared_mem)
+            if single_device:
+                device = 0
+            else:
+                device = binder.device(args)
+                if device is None:
+                    device = torch.cuda.current_device()
+            mod = loaded.get(device) or self.loaded(device)
+            if shared_mem:
+                if type(shared_mem) is not int or shared_mem < 0:
+                    raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {shared_mem!r}")
+                if shared_mem > DEFAULT_SMEM_LIMIT:
+                    mod.ensure_smem(name, shared_mem)
             (gx, gy, gz), (bx, by, bz) = dims
-            params_addr, keep = binder.pack(values)
-            cu_launch, set_ctx = _libcuda()  # cached: loaded on the first launch, not at compile time
+            cu_launch = _LAUNCH[0] or _load_launch()
             fn = mod.handles[name]
             stream = raw_stream(device)
             err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
             if err == CUDA_ERROR_INVALID_CONTEXT:  # a thread on which the runtime never made the context current
-                set_ctx(mod.ctx_handle)
+                _libcuda()[1](mod.ctx_handle)
                 err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
-            del keep
             if err:
                 raise KernelLaunchError(f"kernel {name}: launch with grid {dims[0]}, block {dims[1]}, "
                                         f"shared_mem {shared_mem} failed: CUresult {err}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -241,9 +242,10 @@ def scalar_converter(kernel: str, i: int, p: CudaParam) -> Callable[[Any], Any]:
 class ArgBinder:
     """Converts `lib.k(*args)` arguments into the void** array cuLaunchKernel copies from.
 
-    The values live in one ctypes Structure per thread (reused call after call; the driver copies
-    the parameters when the launch is enqueued), and the array of pointers to its fields is built
-    once, so binding costs a conversion and a field store per argument.
+    The values are packed with one precompiled `struct` call into a buffer per thread (reused
+    call after call; the driver copies the parameters when the launch is enqueued) laid out with
+    C's native alignment, and the array of pointers into it is built once, so binding costs one
+    conversion per argument and a single pack.
     """
 
     def __init__(self, kernel: str, params: Sequence[CudaParam], device_type: str = "cuda") -> None:
@@ -252,17 +254,17 @@ class ArgBinder:
         self.signature = f"{kernel}({', '.join(map(str, params))})"
         self._convs = [pointer_converter(kernel, i, p, device_type) if p.is_pointer else scalar_converter(kernel, i, p)
                        for i, p in enumerate(params)]
-        fields = [(f"a{i}", ctypes.c_void_p if p.is_pointer else SCALAR_TYPES[p.base_type][0])
-                  for i, p in enumerate(params)]
-        self._struct = type(f"Args_{kernel}", (ctypes.Structure,), {"_fields_": fields})
-        self._names = [f for f, _ in fields]
-        self._offsets = [getattr(self._struct, f).offset for f in self._names]
+        # struct codes of ctypes types are their native C layouts ("P" void*, "f" float, "q"/"l" int64, ...)
+        codes = ["P" if p.is_pointer else SCALAR_TYPES[p.base_type][0]._type_ for p in params]
+        self._format = struct.Struct("@" + "".join(codes))
+        self._offsets = [struct.calcsize("@" + "".join(codes[:i + 1])) - struct.calcsize("@" + c)
+                         for i, c in enumerate(codes)]
         self._pointer_idx = [i for i, p in enumerate(params) if p.is_pointer]
         self._local = threading.local()
 
     def values(self, args: Sequence[Any]) -> list[Any]:
         """The converted Python values (device addresses for tensors), checked against the signature."""
-        if len(args) != len(self.params):
+        if len(args) != len(self._convs):
             raise KernelLaunchError(f"kernel {self.signature} takes {len(self.params)} arguments, got {len(args)}")
         return [c(a) for c, a in zip(self._convs, args)]
 
@@ -273,15 +275,23 @@ class ArgBinder:
             raise KernelLaunchError(f"kernel {self.kernel}: tensors on several devices {sorted(devs)}")
         return devs.pop() if devs else None
 
-    def pack(self, values: Sequence[Any]) -> tuple[int, Any]:
-        """(address of the void** array, its keep-alive) holding VALUES; valid until the next pack on this thread."""
+    def _buffers(self) -> tuple[Any, Any, int]:
         st = getattr(self._local, "st", None)
         if st is None:
-            inst = self._struct()
-            base = ctypes.addressof(inst)
-            arr = (ctypes.c_void_p * max(len(self._names), 1))(*[base + off for off in self._offsets])
-            st = self._local.st = (inst, arr, ctypes.addressof(arr))
-        inst = st[0]
-        for name, v in zip(self._names, values):
-            setattr(inst, name, v)
+            buf = ctypes.create_string_buffer(max(self._format.size, 1))
+            base = ctypes.addressof(buf)
+            arr = (ctypes.c_void_p * max(len(self._offsets), 1))(*[base + off for off in self._offsets])
+            st = self._local.st = (buf, arr, ctypes.addressof(arr))
+        return st
+
+    def pack(self, values: Sequence[Any]) -> tuple[int, Any]:
+        """(address of the void** array, its keep-alive) holding VALUES; valid until the next pack on this thread."""
+        st = self._buffers()
+        self._format.pack_into(st[0], 0, *values)
         return st[2], st
+
+    def bind(self, args: Sequence[Any]) -> int:
+        """`values` then `pack` in one step (the launch hot path): the address of the void** array."""
+        st = getattr(self._local, "st", None) or self._buffers()
+        self._format.pack_into(st[0], 0, *self.values(args))
+        return st[2]
