@@ -18,7 +18,7 @@ from . import config
 from .backends.base import Environment
 from .candidate import Candidate
 from .errors import CacheError, MetalAccelError
-from .sandbox import check_host_code
+from .sandbox_check import check_host_code
 from .source_check import LANGUAGE_OF_BACKEND, check_kernel_source
 from .cache_index import atomic_write, update_index
 from .specs import InputSpec, OutputSpec

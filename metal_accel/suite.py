@@ -6,58 +6,36 @@ interleaved loop on the same fresh inputs, with the device synchronized around e
 optimized model's output is checked against eager on inputs it never saw. Results go to JSON,
 markdown and (with matplotlib) a PNG.
 
-Candidates for a problem are read by a `dir:` provider under the problem's own names
-(`<root>/<backend>/L<level>_<id>_<name>.py`, then `<root>/<backend>/<name>.py`, and folders of
-those names), since every KernelBench model class is called `Model`.
+Each problem runs in suite_problem.py, rows and summaries are in suite_result.py, and the outputs
+are written by suite_report.py.
 """
 from __future__ import annotations
 
-import copy
 import fnmatch
-import math
 import os
 import statistics
 import subprocess
 import sys
-import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
-from .bench import TimingRejected, time_call
 from .problems import Problem, load_problems
-from .synth.base import ProposedText, SynthesisRequest
+from .suite_problem import (
+    ProblemProvider,
+    fit_batch,
+    problem_key,
+    run_problem,
+    side_by_side,
+)
+from .suite_result import ATTEMPT_SPEEDUP, Row, SuiteResult
 from .synth.directory import DirectoryProvider
 
-ATTEMPT_SPEEDUP = 1.05
-
-
-def problem_key(p: Problem) -> str:
-    return f"L{p.level}_{p.problem_id}_{p.name}" if p.level is not None else p.name
-
-
-class ProblemProvider:
-    """A `dir:` provider that knows the problem's names for its root model (class `Model`)."""
-
-    def __init__(self, root: str | Path, problem: Problem, model: torch.nn.Module) -> None:
-        self.inner = DirectoryProvider(root)
-        self.name = f"dir:{root}"
-        self.names = [problem_key(problem), problem.name]
-        self.model = model
-
-    def files(self, backend: str) -> list[Path]:
-        seen: list[Path] = []
-        for n in self.names:
-            seen += [f for f in self.inner.files_for(n, backend) if f not in seen]
-        return seen
-
-    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
-        if request.module is not self.model:
-            return self.inner.propose(request)
-        return [ProposedText(f.read_text(), f"dir:{f}") for f in self.files(request.backend)]
+__all__ = ["ATTEMPT_SPEEDUP", "ProblemProvider", "Row", "SuiteResult", "fit_batch", "measure_dram_bandwidth",
+           "problem_key", "run_problem", "run_suite", "select", "side_by_side", "warm_compile"]
 
 
 def select(problems: list[Problem], patterns: Sequence[str] | None) -> list[Problem]:
@@ -70,75 +48,6 @@ def select(problems: list[Problem], patterns: Sequence[str] | None) -> list[Prob
         if any(fnmatch.fnmatch(n, pat) for n in names for pat in patterns):
             out.append(p)
     return out
-
-
-# ---------------------------------------------------------------- sizes
-
-def _shapes(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Inputs and outputs of the problem on the meta device (no memory, no compute)."""
-    module = problem.load()
-    with torch.device("meta"):
-        torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).eval()
-        inputs = [a for a in module.get_inputs()]
-        out = model(*inputs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [t for t in inputs if isinstance(t, torch.Tensor)], [t for t in outs if isinstance(t, torch.Tensor)]
-
-
-def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None, int | None]:
-    """(original, used) `batch_size` so that no input or output exceeds MAX_TENSOR_MB (halving it)."""
-    module = problem.load()  # cached per process: remember the problem's own batch size the first time
-    original = module.__dict__.setdefault("_metal_accel_batch_size", getattr(module, "batch_size", None))
-    if not isinstance(original, int):
-        return original, original
-    module.batch_size = original
-    if max_tensor_mb is None:
-        return original, original
-    batch = original
-    while True:
-        module.batch_size = batch
-        try:
-            ins, outs = _shapes(problem)
-        except Exception:  # the problem's shapes are tied to its batch size: keep the last that worked
-            module.batch_size = batch * 2 if batch != original else original
-            return original, module.batch_size
-        largest = max((t.numel() * t.element_size() for t in ins + outs), default=0) / 1e6
-        if largest <= max_tensor_mb or batch == 1:
-            return original, batch
-        batch = max(1, batch // 2)
-
-
-# ---------------------------------------------------------------- measurement
-
-@dataclass
-class Row:
-    key: str
-    level: int | None
-    problem_id: int | None
-    name: str
-    batch: int | None = None
-    batch_original: int | None = None
-    attempted: bool = False          # a candidate was proposed
-    status: str = "eager"            # kernel | eager | error | skipped
-    reason: str = ""
-    candidate_correct: bool | None = None
-    output_ok: bool | None = None
-    pipeline_speedup: float | None = None
-    eager_us: float | None = None
-    compile_us: float | None = None
-    kernel_us: float | None = None   # the optimized model (kernel, or eager fallback)
-    vs_eager: float | None = None
-    vs_compile: float | None = None
-    compile_s: float | None = None
-    flops: float | None = None
-    min_bytes: float | None = None
-    memory_bound: bool | None = None
-    bandwidth_gbs: float | None = None
-    bandwidth_frac: float | None = None
-    winner: str = ""                 # origin of the installed candidate (a file, or builtin:torch.compile)
-    rejected: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def measure_dram_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
@@ -158,196 +67,7 @@ def measure_dram_bandwidth(nbytes: int = 1 << 30, reps: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
-                 timer: Callable[..., tuple[float, Any]] | None, budget_s: float, min_reps: int = 10,
-                 max_reps: int = 300) -> dict[str, float]:
-    """Median seconds per call of each function, timed round-robin (rotating order) on rotating inputs."""
-    timer = timer or time_call
-    names = list(fns)
-    for args in input_sets[:2]:
-        for n in names:
-            fns[n](*args)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start, rep = time.perf_counter(), 0
-    while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
-        args = input_sets[rep % len(input_sets)]
-        order = names[rep % len(names):] + names[:rep % len(names)]
-        for n in order:
-            for _ in range(4):
-                try:
-                    times[n].append(timer(fns[n], args, {}, sync)[0])
-                    break
-                except TimingRejected:
-                    continue
-        rep += 1
-    return {n: statistics.median(t) if t else float("nan") for n, t in times.items()}
-
-
-def _flops(model: torch.nn.Module, inputs: tuple) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-    try:
-        with FlopCounterMode(display=False) as counter, torch.inference_mode():
-            model(*inputs)
-        return float(counter.get_total_flops())
-    except Exception:
-        return float("nan")
-
-
-def _nbytes(values: Any) -> int:
-    vals = values if isinstance(values, (tuple, list)) else (values,)
-    return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
-
-
-def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "cuda", device: str = "cuda",
-                max_tensor_mb: float | None = None, budget_s: float = 1.0, bench_budget_s: float = 1.0,
-                flush: bool = False, with_compile: bool = True, dram_bw: float | None = None,
-                seed: int = 0, timeout_s: float = 120.0, compile_candidate: bool = False) -> Row:
-    """One problem: optimize with the candidates, then eager / compile / optimized side by side."""
-    import metal_accel
-    from .backends import get_backend
-    from .dispatch import eager_only
-    from .prove import backend_timer
-    from .validate import Mismatch, compare_output
-
-    row = Row(problem_key(problem), problem.level, problem.problem_id, problem.name)
-    t_start = time.perf_counter()
-    be = get_backend(backend)
-    row.batch_original, row.batch = fit_batch(problem, max_tensor_mb)
-    model, inputs = problem.instantiate(device, seed)
-    provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
-    row.attempted = any(p.files(backend) for p in provs)
-    module = problem.load()
-    sets = [inputs] + [tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs())
-                       for _ in range(2)]
-    row.flops = _flops(model, inputs)
-    with torch.inference_mode():
-        ref = model(*sets[1])
-    row.min_bytes = float(_nbytes(inputs) + _nbytes(ref) + sum(_nbytes(t) for t in model.state_dict().values()))
-    compiled = None
-    if with_compile:
-        twin = copy.deepcopy(model)
-        compiled = torch.compile(twin)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            compiled(*inputs)
-        be.synchronize()
-        row.compile_s = time.perf_counter() - t0
-    saved = os.environ.get("METAL_ACCEL_COMPILE")
-    os.environ["METAL_ACCEL_COMPILE"] = "1" if compile_candidate else "0"  # torch.compile as a candidate, or not
-    try:
-        metal_accel.optimize(model, inputs, backend=backend, providers=provs, bench_budget_s=bench_budget_s,
-                             progress=False, timeout_s=timeout_s)
-    finally:
-        if saved is None:
-            os.environ.pop("METAL_ACCEL_COMPILE", None)
-        else:
-            os.environ["METAL_ACCEL_COMPILE"] = saved
-    report = metal_accel.explain(model)
-    root = next((m for m in report.modules if m.name == type(model).__name__), None)
-    if root is not None:
-        row.status, row.reason, row.rejected = root.status, root.reason, list(root.rejected)
-        row.pipeline_speedup, row.winner = root.speedup, root.source if root.status != "eager" else ""
-    row.candidate_correct = _candidate_correct(row)
-    with torch.inference_mode():
-        out = model(*sets[2])
-        with eager_only():
-            expect = model(*sets[2])
-    try:
-        outs, exps = (out, expect) if isinstance(out, (tuple, list)) else ((out,), (expect,))
-        for i, (o, e) in enumerate(zip(outs, exps)):
-            compare_output(o, e, f"output {i}")
-        row.output_ok = True
-    except Mismatch as exc:
-        row.output_ok, row.reason = False, f"optimized output differs from eager: {exc}"
-
-    def eager(*a: Any) -> Any:
-        with eager_only():
-            return model(*a)
-
-    fns: dict[str, Callable[..., Any]] = {"eager": eager, "optimized": model}
-    if compiled is not None:
-        fns["compile"] = compiled
-    timer = backend_timer(be)
-    if flush:  # evict L2 before every timed call (cold-cache timing)
-        from .bench import cache_flusher
-        flusher, base = cache_flusher(device), timer or time_call
-        timer = lambda fn, a, k, s: (flusher(), base(fn, a, k, s))[1]  # noqa: E731
-    with torch.inference_mode():
-        med = side_by_side(fns, sets, be.synchronize, timer, budget_s)
-    row.eager_us, row.kernel_us = med["eager"] * 1e6, med["optimized"] * 1e6
-    row.vs_eager = med["eager"] / med["optimized"]
-    if compiled is not None:
-        row.compile_us = med["compile"] * 1e6
-        row.vs_compile = med["compile"] / med["optimized"]
-    intensity = (row.flops or 0.0) / row.min_bytes if row.min_bytes else 0.0
-    row.memory_bound = not math.isnan(intensity) and intensity < 10.0
-    row.bandwidth_gbs = row.min_bytes / med["optimized"] / 1e9
-    if dram_bw:
-        row.bandwidth_frac = row.min_bytes / med["optimized"] / dram_bw
-    row.seconds = time.perf_counter() - t_start
-    return row
-
-
-def _candidate_correct(row: Row) -> bool | None:
-    """Whether a candidate of ours (not the built-in torch.compile) passed validation."""
-    if row.status == "kernel":
-        return True
-    if not row.attempted:
-        return None
-    reasons = " ".join(r for r in row.rejected if not r.startswith("builtin:"))
-    if any(w in reasons for w in ("not faster", "within noise", "unreliable timing")) and not any(
-            w in reasons for w in ("incorrect", "compile error", "failed", "sandbox", "source check", "crashed")):
-        return True
-    return False
-
-
 # ---------------------------------------------------------------- the suite
-
-@dataclass
-class SuiteResult:
-    rows: list[Row]
-    environment: dict[str, Any]
-    dram_bandwidth: float | None
-    command: str = ""
-
-    def summary(self, level: int | None = None) -> dict[str, Any]:
-        rows = [r for r in self.rows if r.attempted and r.status != "skipped" and (level is None or r.level == level)]
-        timed = [r for r in rows if r.vs_eager]
-        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
-        return {
-            "attempted": len(rows),
-            "geomean_vs_eager": geo([r.vs_eager for r in timed]),
-            "geomean_vs_compile": geo([r.vs_compile for r in timed if r.vs_compile]),
-            "correct": sum(bool(r.candidate_correct) for r in rows),
-            "fraction_correct": sum(bool(r.candidate_correct) for r in rows) / len(rows) if rows else None,
-            "installed": sum(r.status == "kernel" for r in rows),
-            "installed_compile": sum(r.status == "compile" for r in rows),
-            "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
-                                               for r in rows) / len(rows) if rows else None,
-            "installed_slower_than_eager": [r.key for r in rows if r.status == "kernel" and (r.vs_eager or 0) < 1.0],
-        }
-
-    def best_summary(self, level: int | None = None) -> dict[str, Any]:
-        """The chosen best (eager, torch.compile or a kernel, whichever the pipeline installed) over every
-        measured problem, attempted or not: what a user gets for the whole suite."""
-        timed = [r for r in self.rows if r.status != "skipped" and r.vs_eager and (level is None or r.level == level)]
-        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
-        vs_c = [r.vs_compile for r in timed if r.vs_compile]
-        return {"measured": len(timed), "geomean_vs_eager": geo([r.vs_eager for r in timed]),
-                "geomean_vs_compile": geo(vs_c), "min_vs_eager": min((r.vs_eager for r in timed), default=None),
-                "min_vs_compile": min(vs_c, default=None),
-                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "eager")}}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"environment": self.environment, "dram_bandwidth_gbs": (self.dram_bandwidth or 0) / 1e9,
-                "best": {str(lv): self.best_summary(lv) for lv in self.levels()} | {"all": self.best_summary()},
-                "date": time.strftime("%Y-%m-%d"),
-                "command": self.command, "summary": {str(lv): self.summary(lv) for lv in self.levels()} |
-                {"all": self.summary()}, "rows": [asdict(r) for r in self.rows]}
-
-    def levels(self) -> list[int]:
-        return sorted({r.level for r in self.rows if r.level is not None})
-
 
 def warm_compile(problems: Sequence[Problem], jobs: int, max_tensor_mb: float | None, source: str) -> None:
     """Fill inductor's caches for the problems in JOBS parallel processes (compile time is not measured)."""

@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from .suite import SuiteResult
+from .suite_result import SuiteResult
 
 def _fmt(v: float | None, spec: str) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)

@@ -5,9 +5,9 @@ the call of `torch.mps.compile_shader`: argument i binds buffer index i; a tenso
 from its storage offset (strides are not applied); a Python int binds 8 bytes (int64), a float 4
 bytes (float32), a list of numbers an array of those, unless `arg_casts` says otherwise; `threads`
 is the grid in threads (default: the first tensor's numel), `group_size` the threadgroup (default
-min(threads, max) in 1-D, (max, 1, 1) in 2-D/3-D). Geometry is normalized and checked here, for both
-launchers, exactly as the MSL emulator (mps_emu.py) does: a threadgroup larger than the pipeline's
-maxTotalThreadsPerThreadgroup is a KernelLaunchError, never clamped.
+min(threads, max) in 1-D, (max, 1, 1) in 2-D/3-D). Geometry is normalized and checked for both
+launchers (mps_launch.py), exactly as the MSL emulator (mps_emu.py) does: a threadgroup larger than
+the pipeline's maxTotalThreadsPerThreadgroup is a KernelLaunchError, never clamped.
 
 Two launchers behind that call:
 - `metal_accel._mps_ext` (csrc/mps/metal_launcher.mm), when it was built (setup.py, macOS only):
@@ -19,6 +19,9 @@ METAL_ACCEL_MPS_LAUNCHER=compile_shader|ext forces one. Libraries are cached in 
 source hash; neither launcher keeps compiled code on disk (compile_shader has no such cache), so
 each process compiles a source once, in tens of milliseconds.
 
+Launch arguments and geometry live in mps_launch.py, kernels, libraries and the two launchers in
+mps_library.py; this module picks the launcher, caches libraries, times calls and describes the device.
+
 UNVERIFIED ON REAL HARDWARE until tests/test_mps_backend.py has run on a Mac (docs/metal.md).
 """
 from __future__ import annotations
@@ -26,281 +29,45 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
-import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from ..bench import TimingRejected, time_call
-from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
+from ..errors import BackendUnavailableError, CompileError
 from .base import Environment, os_description, torch_major_minor
+from .mps_launch import (
+    MAX_BUFFER_INDEX,
+    MAX_SET_BYTES,
+    ascii_source,
+    kernel_names_in,
+    launch_geometry,
+    pack_arguments,
+    pack_scalar,
+)
+from .mps_library import (
+    EXT_MSL_VERSION,
+    ExtensionLauncher,
+    MpsKernel,
+    MpsLibrary,
+    ShaderLauncher,
+)
 
-EXT_MSL_VERSION = "3.1"       # what metal_launcher.mm compiles with, on every macOS
-MAX_BUFFER_INDEX = 31         # Metal's buffer argument table
-MAX_SET_BYTES = 4096          # setBytes: limit
-_CASTS = {"fp16": "e", "bf16": "bf", "int32": "i", "int16": "h", "int8": "b", "uint8": "B"}
+__all__ = ["EXT_MSL_VERSION", "MAX_BUFFER_INDEX", "MAX_SET_BYTES", "ExtensionLauncher", "MpsBackend", "MpsKernel",
+           "MpsLibrary", "ShaderLauncher", "ascii_source", "chip_name", "clear_memory_cache", "describe",
+           "event_checked_timer", "extension", "gpu_cores", "kernel_names_in", "launch_geometry", "launcher",
+           "pack_arguments", "pack_scalar"]
 
 compile_count = 0  # source compilations in this process (tests read it)
 
 
-# ---------------------------------------------------------------- launch arguments (pure Python)
-
-def _dims(value: Any, what: str, kernel: str) -> list[int]:
-    try:
-        vals = [int(value.__index__())] if hasattr(value, "__index__") else [int(v.__index__()) for v in value]
-    except (TypeError, AttributeError):
-        raise KernelLaunchError(f"kernel {kernel}: {what} must be an int or a list of 1 to 3 ints, got {value!r}") from None
-    if not 1 <= len(vals) <= 3 or any(v < 0 for v in vals):
-        raise KernelLaunchError(f"kernel {kernel}: {what} must be 1 to 3 non-negative ints, got {value!r}")
-    return vals
-
-
-def launch_geometry(kernel: str, threads: Any, group_size: Any, default_threads: int | None,
-                    max_threads: int) -> tuple[list[int], list[int]] | None:
-    """(grid, threadgroup) in threads, as compile_shader computes them; None when the grid is empty.
-
-    Raises KernelLaunchError for what compile_shader rejects or Metal would clamp: an undefined grid,
-    mismatched dimensions, a zero-sized or too large threadgroup, a dimension of 2**32 or more.
-    """
-    if threads is None and default_threads is None:
-        raise KernelLaunchError(f"kernel {kernel}: the number of threads is undefined; pass threads=")
-    grid = _dims(threads if threads is not None else default_threads, "threads", kernel)
-    if group_size is None:
-        group = [min(grid[0], max_threads)] if len(grid) == 1 else [max_threads] + [1] * (len(grid) - 1)
-    else:
-        group = _dims(group_size, "group_size", kernel)
-        if len(group) != len(grid):
-            raise KernelLaunchError(f"kernel {kernel}: threads and group_size must have the same number of "
-                                    f"dimensions, got {grid} and {group}")
-    if 0 in grid:
-        return None
-    if 0 in group:
-        raise KernelLaunchError(f"kernel {kernel}: group_size {group} has a zero dimension")
-    total = 1
-    for g in group:
-        total *= g
-    if total > max_threads:
-        raise KernelLaunchError(f"kernel {kernel}: threadgroup size {group} exceeds the {max_threads}-thread limit "
-                                "(the pipeline's maxTotalThreadsPerThreadgroup)")
-    if any(v >= 2 ** 32 for v in grid):
-        raise KernelLaunchError(f"kernel {kernel}: threads {grid}: each dimension must be below 2**32")
-    return grid, group
-
-
-def pack_scalar(kernel: str, index: int, value: Any, cast: str | None) -> bytes:
-    """The bytes compile_shader's setBytes binds for a Python number or list of numbers."""
-    where = f"kernel {kernel}, argument {index}"
-    vals = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not vals:
-        raise KernelLaunchError(f"{where}: an empty list cannot be a kernel argument")
-    if any(isinstance(v, torch.Tensor) for v in vals):
-        raise KernelLaunchError(f"{where}: lists of tensors (argument buffers) are not supported")
-    is_int = isinstance(vals[0], int)  # bool is an int, as in pybind11
-    if not all(isinstance(v, (int, float)) for v in vals) or (is_int and any(isinstance(v, float) for v in vals)):
-        raise KernelLaunchError(f"{where}: unsupported argument {value!r}; pass tensors, Python ints or floats, "
-                                "or lists of ints or of floats")
-    if cast is None:
-        code = "q" if is_int else "f"
-    elif cast in _CASTS:
-        code = _CASTS[cast]
-    else:
-        raise KernelLaunchError(f"{where}: unsupported cast {cast!r}; known: {', '.join(_CASTS)}")
-    if code == "bf":
-        return torch.tensor([float(v) for v in vals], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
-    nums = [int(v) if code in "qihbB" else float(v) for v in vals]
-    if code in "ihbB":  # static_cast in compile_shader: wrap, as C++ does
-        bits = {"i": 32, "h": 16, "b": 8, "B": 8}[code]
-        nums = [n & ((1 << bits) - 1) for n in nums]
-        code = {"i": "I", "h": "H", "b": "B", "B": "B"}[code]
-    try:
-        return struct.pack(f"<{len(nums)}{code}", *nums)
-    except (struct.error, OverflowError) as e:
-        raise KernelLaunchError(f"{where}: {value!r} does not fit the {cast or 'int64'} binding: {e}") from None
-
-
-def _cast_for(arg_casts: Any, i: int, kernel: str) -> str | None:
-    if arg_casts is None or isinstance(arg_casts, str):
-        return arg_casts
-    if isinstance(arg_casts, dict):
-        return arg_casts.get(i)
-    raise KernelLaunchError(f"kernel {kernel}: arg_casts must be a str or a dict {{index: cast}}")
-
-
-_KERNEL_NAME = re.compile(r"\bkernel\s+void\s+(\w+)\s*\(|\[\[\s*kernel\s*\]\]\s*void\s+(\w+)\s*\(")
-_HOST_NAME = re.compile(r"\[\[\s*host_name\s*\(\s*\"(\w+)\"\s*\)\s*\]\]")
-
-
-def kernel_names_in(source: str) -> list[str]:
-    """Kernel function names declared in an MSL source (used when the library cannot list them)."""
-    names = [a or b for a, b in _KERNEL_NAME.findall(source)]
-    return list(dict.fromkeys(names + _HOST_NAME.findall(source)))
-
-
-def ascii_source(source: str) -> str:
-    """compile_shader reads sources as ASCII: other characters (in comments, in practice) become '?'."""
-    return source if source.isascii() else source.encode("ascii", "replace").decode("ascii")
-
-
-# ---------------------------------------------------------------- kernels and libraries
-
-class MpsKernel:
-    """One kernel of an MpsLibrary: `kernel(*args, threads=..., group_size=..., arg_casts=...)`."""
-
-    def __init__(self, name: str, max_threads: int, execution_width: int, device_type: str,
-                 run: Callable[[tuple, list[int], list[int], Any], None]) -> None:
-        self.__name__ = name
-        self.max_threads_per_threadgroup = int(max_threads)
-        self.thread_execution_width = int(execution_width)
-        self._device_type = device_type
-        self._run = run
-
-    def __call__(self, *args: Any, threads: Any = None, group_size: Any = None, arg_casts: Any = None) -> None:
-        name = self.__name__
-        if len(args) > MAX_BUFFER_INDEX:
-            raise KernelLaunchError(f"kernel {name}: {len(args)} arguments; Metal binds at most {MAX_BUFFER_INDEX}")
-        first_numel = None
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                if a.device.type != self._device_type:
-                    raise KernelLaunchError(f"kernel {name}, argument {i}: tensor is on {a.device}; the mps backend "
-                                            f"runs on {self._device_type} tensors")
-                if first_numel is None:
-                    first_numel = a.numel()
-        geometry = launch_geometry(name, threads, group_size, first_numel, self.max_threads_per_threadgroup)
-        if geometry is not None:
-            self._run(args, geometry[0], geometry[1], arg_casts)
-
-    def __repr__(self) -> str:
-        return f"<Metal kernel {self.__name__} (max {self.max_threads_per_threadgroup} threads per threadgroup)>"
-
-
-class MpsLibrary:
-    """Compiled MSL source: `lib.<kernel>(*args, threads=..., group_size=...)`."""
-
-    def __init__(self, kernels: dict[str, MpsKernel], launcher: str, key: str) -> None:
-        object.__setattr__(self, "kernel_names", tuple(kernels))
-        object.__setattr__(self, "launcher", launcher)
-        object.__setattr__(self, "key", key)
-        for name, k in kernels.items():
-            object.__setattr__(self, name, k)
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"no kernel {name!r} in this library; kernels: {', '.join(self.kernel_names) or 'none'}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("MpsLibrary is read-only")
-
-    def __dir__(self) -> list[str]:
-        return list(self.kernel_names)
-
-    def __repr__(self) -> str:
-        return f"MpsLibrary({self.launcher}, kernels={self.kernel_names})"
-
-
-# ---------------------------------------------------------------- launchers
-
-class ShaderLauncher:
-    """torch.mps.compile_shader: PyTorch compiles, binds and encodes."""
-
-    name = "compile_shader"
-
-    def __init__(self, compile_shader: Callable[[str], Any]) -> None:
-        self._compile = compile_shader
-
-    def build(self, key: str, source: str, device_type: str) -> dict[str, MpsKernel]:
-        try:
-            lib = self._compile(ascii_source(source))
-        except (SyntaxError, RuntimeError, ValueError) as exc:  # c10::SyntaxError is Python's SyntaxError
-            raise CompileError(f"Metal compilation failed (torch.mps.compile_shader):\n{_message(exc)}") from None
-        names = [n for n in dir(lib) if not n.startswith("_")] or kernel_names_in(source)
-        kernels = {}
-        for name in names:
-            try:
-                fn = getattr(lib, name)
-                max_threads, width = int(fn.max_threads_per_threadgroup), int(fn.thread_execution_width)
-            except (AttributeError, RuntimeError) as exc:
-                raise CompileError(f"kernel {name}: no compute pipeline: {_message(exc)}") from None
-            kernels[name] = MpsKernel(name, max_threads, width, device_type, self._runner(name, fn))
-        return kernels
-
-    @staticmethod
-    def _runner(name: str, fn: Any) -> Callable[[tuple, list[int], list[int], Any], None]:
-        def run(args: tuple, grid: list[int], group: list[int], arg_casts: Any) -> None:
-            try:
-                fn(*args, threads=grid, group_size=group, arg_casts=arg_casts)
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise KernelLaunchError(f"kernel {name}: {_message(exc)}") from None
-        return run
-
-
-class ExtensionLauncher:
-    """metal_accel._mps_ext: our launcher on PyTorch's current MPS stream (csrc/mps/metal_launcher.mm)."""
-
-    name = "metal_accel._mps_ext"
-
-    def __init__(self, ops: Any) -> None:
-        self._ops = ops
-
-    def build(self, key: str, source: str, device_type: str) -> dict[str, MpsKernel]:
-        try:
-            listed = self._ops.compile_library(key, ascii_source(source))
-        except RuntimeError as exc:
-            raise CompileError(f"Metal compilation failed (metal_accel._mps_ext, MSL {EXT_MSL_VERSION}):\n"
-                               f"{_message(exc)}") from None
-        kernels = {}
-        for name in [n for n in listed.split("\n") if n]:
-            try:
-                max_threads, width, _ = self._ops.kernel_info(key, name)
-            except RuntimeError as exc:
-                raise CompileError(f"kernel {name}: no compute pipeline: {_message(exc)}") from None
-            kernels[name] = MpsKernel(name, max_threads, width, device_type, self._runner(key, name))
-        return kernels
-
-    def _runner(self, key: str, name: str) -> Callable[[tuple, list[int], list[int], Any], None]:
-        launch = self._ops.launch
-
-        def run(args: tuple, grid: list[int], group: list[int], arg_casts: Any) -> None:
-            buffers, buffer_index, blob, scalar_index, offsets, sizes = pack_arguments(name, args, arg_casts)
-            try:
-                launch(key, name, buffers, buffer_index, blob, scalar_index, offsets, sizes, grid, group)
-            except RuntimeError as exc:
-                raise KernelLaunchError(f"kernel {name}: {_message(exc)}") from None
-        return run
-
-
-def pack_arguments(kernel: str, args: Sequence[Any], arg_casts: Any
-                   ) -> tuple[list[torch.Tensor], list[int], torch.Tensor, list[int], list[int], list[int]]:
-    """Split launch arguments into tensors with their buffer indices and one byte blob of scalars."""
-    buffers, buffer_index, scalar_index, offsets, sizes = [], [], [], [], []
-    blob = bytearray()
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            buffers.append(a)
-            buffer_index.append(i)
-            continue
-        data = pack_scalar(kernel, i, a, _cast_for(arg_casts, i, kernel))
-        if len(data) > MAX_SET_BYTES:
-            raise KernelLaunchError(f"kernel {kernel}, argument {i}: {len(data)} bytes; setBytes takes at most "
-                                    f"{MAX_SET_BYTES} (pass a tensor instead)")
-        scalar_index.append(i)
-        offsets.append(len(blob))
-        sizes.append(len(data))
-        blob += data
-        blob += bytes(-len(blob) % 16)  # keep every value 16-byte aligned in the blob
-    blob_t = torch.frombuffer(blob, dtype=torch.uint8).clone() if blob else torch.zeros(1, dtype=torch.uint8)
-    return buffers, buffer_index, blob_t, scalar_index, offsets, sizes
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc.msg) if isinstance(exc, SyntaxError) and exc.msg else str(exc)
-    return text.strip() or type(exc).__name__
-
+# ---------------------------------------------------------------- launcher choice
 
 @functools.cache
 def extension() -> Any:
@@ -445,7 +212,7 @@ def gpu_cores() -> int | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _environment(launcher_name: str) -> Environment:
     cores = gpu_cores()
     desc = f"{chip_name()}{f', {cores} GPU cores' if cores else ''}, via {launcher_name}"

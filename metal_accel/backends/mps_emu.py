@@ -275,7 +275,8 @@ def _flags() -> tuple[str, ...]:
 def _tool_digest() -> str:
     """Everything the compiled code depends on besides the source: headers, front end, flags."""
     h = hashlib.sha256()
-    for f in sorted((config.include_dir() / "msl_emu").glob("*.h")) + [Path(__file__).with_name("msl_translate.py")]:
+    front_end = sorted(Path(__file__).parent.glob("msl_*.py"))  # msl_translate.py and the modules it uses
+    for f in sorted((config.include_dir() / "msl_emu").glob("*.h")) + front_end:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     h.update(" ".join(_flags()).encode() + str(METAL_VERSION).encode())
     return h.hexdigest()

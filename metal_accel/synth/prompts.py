@@ -20,7 +20,7 @@ from torch import nn
 from .. import config
 from ..bench import DEFAULT_MARGIN
 from ..keys import class_path, class_source, module_config
-from ..sandbox import BUILTINS_ALLOWED, MATH_ALLOWED, TENSOR_ATTRS, TENSOR_METHODS, TORCH_ALLOWED
+from ..sandbox_rules import BUILTINS_ALLOWED, MATH_ALLOWED, TENSOR_ATTRS, TENSOR_METHODS, TORCH_ALLOWED
 from ..source_check import HEADERS
 from ..specs import TensorSpec, UnsupportedCall
 from .base import Evaluation, SynthesisRequest

@@ -1,0 +1,90 @@
+"""Results of `metal-accel bench`: one `Row` per problem and the `SuiteResult` with its summaries.
+
+`summary` covers the problems a candidate was proposed for (correct, installed, geometric-mean
+speedups); `best_summary` covers every measured problem with whatever the pipeline installed;
+`to_dict` is the document written to suite.json (suite_report.py renders it).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ATTEMPT_SPEEDUP = 1.05
+
+
+@dataclass
+class Row:
+    key: str
+    level: int | None
+    problem_id: int | None
+    name: str
+    batch: int | None = None
+    batch_original: int | None = None
+    attempted: bool = False          # a candidate was proposed
+    status: str = "eager"            # kernel | eager | error | skipped
+    reason: str = ""
+    candidate_correct: bool | None = None
+    output_ok: bool | None = None
+    pipeline_speedup: float | None = None
+    eager_us: float | None = None
+    compile_us: float | None = None
+    kernel_us: float | None = None   # the optimized model (kernel, or eager fallback)
+    vs_eager: float | None = None
+    vs_compile: float | None = None
+    compile_s: float | None = None
+    flops: float | None = None
+    min_bytes: float | None = None
+    memory_bound: bool | None = None
+    bandwidth_gbs: float | None = None
+    bandwidth_frac: float | None = None
+    winner: str = ""                 # origin of the installed candidate (a file, or builtin:torch.compile)
+    rejected: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class SuiteResult:
+    rows: list[Row]
+    environment: dict[str, Any]
+    dram_bandwidth: float | None
+    command: str = ""
+
+    def summary(self, level: int | None = None) -> dict[str, Any]:
+        rows = [r for r in self.rows if r.attempted and r.status != "skipped" and (level is None or r.level == level)]
+        timed = [r for r in rows if r.vs_eager]
+        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
+        return {
+            "attempted": len(rows),
+            "geomean_vs_eager": geo([r.vs_eager for r in timed]),
+            "geomean_vs_compile": geo([r.vs_compile for r in timed if r.vs_compile]),
+            "correct": sum(bool(r.candidate_correct) for r in rows),
+            "fraction_correct": sum(bool(r.candidate_correct) for r in rows) / len(rows) if rows else None,
+            "installed": sum(r.status == "kernel" for r in rows),
+            "installed_compile": sum(r.status == "compile" for r in rows),
+            "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
+                                               for r in rows) / len(rows) if rows else None,
+            "installed_slower_than_eager": [r.key for r in rows if r.status == "kernel" and (r.vs_eager or 0) < 1.0],
+        }
+
+    def best_summary(self, level: int | None = None) -> dict[str, Any]:
+        """The chosen best (eager, torch.compile or a kernel, whichever the pipeline installed) over every
+        measured problem, attempted or not: what a user gets for the whole suite."""
+        timed = [r for r in self.rows if r.status != "skipped" and r.vs_eager and (level is None or r.level == level)]
+        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None  # noqa: E731
+        vs_c = [r.vs_compile for r in timed if r.vs_compile]
+        return {"measured": len(timed), "geomean_vs_eager": geo([r.vs_eager for r in timed]),
+                "geomean_vs_compile": geo(vs_c), "min_vs_eager": min((r.vs_eager for r in timed), default=None),
+                "min_vs_compile": min(vs_c, default=None),
+                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "eager")}}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "dram_bandwidth_gbs": (self.dram_bandwidth or 0) / 1e9,
+                "best": {str(lv): self.best_summary(lv) for lv in self.levels()} | {"all": self.best_summary()},
+                "date": time.strftime("%Y-%m-%d"),
+                "command": self.command, "summary": {str(lv): self.summary(lv) for lv in self.levels()} |
+                {"all": self.summary()}, "rows": [asdict(r) for r in self.rows]}
+
+    def levels(self) -> list[int]:
+        return sorted({r.level for r in self.rows if r.level is not None})
