@@ -192,7 +192,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
             compare_output(o, e, f"output {i}")
         row.output_ok = True
     except Mismatch as exc:
-        row.output_ok, row.reason = False, f"optimized output differs from eager: {exc}"
+        row.output_ok, row.reason = False, _mismatch_reason(model, sets[2], expect, report, exc)
 
     def eager(*a: Any) -> Any:
         with eager_only():
@@ -233,3 +233,17 @@ def _candidate_correct(row: Row) -> bool | None:
             w in reasons for w in ("incorrect", "compile error", "failed", "sandbox", "source check", "crashed")):
         return True
     return False
+
+
+def _mismatch_reason(model: Any, inputs: tuple, expect: Any, report: Any, exc: Exception) -> str:
+    """Why the optimized model's output differs from eager: eager's own irreproducibility, or which modules
+    run something other than eager (each proven alone; an ill-conditioned composite can still drift)."""
+    from .dispatch import eager_only
+    with torch.inference_mode(), eager_only():
+        again = model(*inputs)
+    firsts = expect if isinstance(expect, (tuple, list)) else (expect,)
+    seconds = again if isinstance(again, (tuple, list)) else (again,)
+    if not all(torch.equal(a, b) for a, b in zip(firsts, seconds)):
+        return f"eager itself is not reproducible here (two eager runs differ), so the optimized output cannot be checked: {exc}"
+    changed = [f"{m.name} ({m.status})" for m in report.modules if m.status != "eager"]
+    return f"optimized output differs from eager ({', '.join(changed) or 'no module'} not eager): {exc}"

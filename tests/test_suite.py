@@ -119,3 +119,23 @@ def test_blocks_run_eagerly_and_have_cuda_sources():
         assert (root / f"{type(module).__name__}.py").is_file(), name
     x = torch.randn(4, 8)
     torch.testing.assert_close(blocks.rotate_half(blocks.rotate_half(x)), -x)
+
+
+def test_mismatch_reason_tells_irreproducible_eager_from_installed_modules():
+    from types import SimpleNamespace
+
+    from metal_accel.suite_problem import _mismatch_reason
+    from metal_accel.validate import Mismatch
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)
+
+    x = torch.ones(4)
+    report = SimpleNamespace(modules=[SimpleNamespace(name="Model", status="eager"),
+                                      SimpleNamespace(name="norm", status="compile")])
+    noisy = Noisy()
+    assert "eager itself is not reproducible" in _mismatch_reason(noisy, (x,), noisy(x), report, Mismatch("m"))
+    plain = torch.nn.Identity()
+    reason = _mismatch_reason(plain, (x,), plain(x), report, Mismatch("m"))
+    assert reason.startswith("optimized output differs from eager (norm (compile) not eager)")
