@@ -33,6 +33,7 @@ from .. import config
 from ..errors import CompileError, KernelLaunchError
 from .base import Environment, os_description, torch_major_minor
 from .cpu import artifact_path, cpu_name, find_compiler, openmp_flags
+from .mps_launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
 COMPILE_TIMEOUT_S = 180
@@ -70,16 +71,6 @@ def _element(base_type: str) -> tuple[str, int] | None:
     a, b, c, cn, d, dn, e, en = m.groups()
     name, width = (a or b or c or d or e), int(cn or dn or en or 1)
     return (name, width) if name in _ELEMS else None
-
-
-def _dims(value: Any, what: str, kernel: str) -> list[int]:
-    try:
-        vals = [int(value.__index__())] if hasattr(value, "__index__") else [int(v.__index__()) for v in value]
-    except (TypeError, AttributeError):
-        raise KernelLaunchError(f"kernel {kernel}: {what} must be an int or a list of 1 to 3 ints, got {value!r}") from None
-    if not 1 <= len(vals) <= 3 or any(v < 0 for v in vals):
-        raise KernelLaunchError(f"kernel {kernel}: {what} must be 1 to 3 non-negative ints, got {value!r}")
-    return vals
 
 
 class EmuKernel:
@@ -206,12 +197,12 @@ class EmuKernel:
             ptrs[i] = ctypes.addressof(buf)
         if threads is None and first_numel is None:
             raise KernelLaunchError(f"kernel {k.name}: the number of threads is undefined; pass threads=")
-        grid = _dims(threads if threads is not None else first_numel, "threads", k.name)
+        grid = grid_dims(threads if threads is not None else first_numel, "threads", k.name)
         mx = k.max_threads
         if group_size is None:
             group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
         else:
-            group = _dims(group_size, "group_size", k.name)
+            group = grid_dims(group_size, "group_size", k.name)
             if len(group) != len(grid):
                 raise KernelLaunchError(f"kernel {k.name}: threads and group_size must have the same number of "
                                         f"dimensions, got {grid} and {group}")

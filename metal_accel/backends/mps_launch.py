@@ -22,7 +22,7 @@ MAX_SET_BYTES = 4096          # setBytes: limit
 _CASTS = {"fp16": "e", "bf16": "bf", "int32": "i", "int16": "h", "int8": "b", "uint8": "B"}
 
 
-def _dims(value: Any, what: str, kernel: str) -> list[int]:
+def grid_dims(value: Any, what: str, kernel: str) -> list[int]:
     try:
         vals = [int(value.__index__())] if hasattr(value, "__index__") else [int(v.__index__()) for v in value]
     except (TypeError, AttributeError):
@@ -41,11 +41,11 @@ def launch_geometry(kernel: str, threads: Any, group_size: Any, default_threads:
     """
     if threads is None and default_threads is None:
         raise KernelLaunchError(f"kernel {kernel}: the number of threads is undefined; pass threads=")
-    grid = _dims(threads if threads is not None else default_threads, "threads", kernel)
+    grid = grid_dims(threads if threads is not None else default_threads, "threads", kernel)
     if group_size is None:
         group = [min(grid[0], max_threads)] if len(grid) == 1 else [max_threads] + [1] * (len(grid) - 1)
     else:
-        group = _dims(group_size, "group_size", kernel)
+        group = grid_dims(group_size, "group_size", kernel)
         if len(group) != len(grid):
             raise KernelLaunchError(f"kernel {kernel}: threads and group_size must have the same number of "
                                     f"dimensions, got {grid} and {group}")
