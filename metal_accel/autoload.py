@@ -6,21 +6,25 @@ import logging
 import torch
 from torch import nn
 
+from typing import Any
+
 from . import cache as cache_mod
 from .backends import backend_for_device
+from .bench import DEFAULT_MARGIN
+from .builtin_compile import CompiledOp, check_builtin, prove_compiled, supports_compile
 from .capture import ModuleCall
 from .errors import MetalAccelError
 from .keys import class_path, entry_key, module_fingerprint
 from .ops import KernelOp, kernel_op
-from .prove import ProofSettings, kernels_only, prove
+from .prove import ProofSettings, backend_timer, kernels_only, prove
 from .sandbox import load_forward
 from .specs import InputSpec, UnsupportedCall
 
 log = logging.getLogger(__name__)
 
 
-def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here: bool) -> KernelOp | None:
-    """The op for this (module, call) if a cache holds a kernel proven in this environment.
+def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here: bool) -> KernelOp | CompiledOp | None:
+    """The op for this (module, call) if a cache holds a kernel (or torch.compile) proven in this environment.
 
     With `prove_here`, a kernel proven only elsewhere is proven now (correctness and speed) and
     the verdict, either way, is remembered in the user cache.
@@ -44,9 +48,17 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     env = backend.environment()
     verdict = entry.verdict_for(env)
     cand = entry.candidate
+    if cand.is_builtin:
+        check_builtin(cand)
+        if not supports_compile(backend):
+            return None
     if verdict is not None:
         if not (verdict.accepted and verdict.candidate_digest == cand.digest):
             return None
+        if cand.is_builtin:  # torch.compile won here: compiled on first use, from inductor's caches when warm
+            log.info("metal_accel: %s %s runs torch.compile (cached verdict %s)", class_path(type(module)),
+                     spec.describe(), key[:12])
+            return CompiledOp(module, f"compile_{key[:16]}")
         lib = backend.compile(cand.source)
         log.info("metal_accel: %s %s runs cached kernel %s", class_path(type(module)), spec.describe(), key[:12])
         return kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec,
@@ -57,7 +69,9 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
                 class_path(type(module)), spec.describe())
     call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=entry.output_spec,
                       args=args, kwargs=kwargs, calls=1)
-    ev = prove(call, key, cand, backend, ProofSettings())
+    ev: Any = prove_compiled(call, key, backend, margin=DEFAULT_MARGIN, budget_s=ProofSettings().bench_budget_s,
+                             timer=backend_timer(backend)) if cand.is_builtin else prove(call, key, cand, backend,
+                                                                                         ProofSettings())
     entry.verdicts[env.id] = ev.verdict
     if not ev.verdict.accepted:
         entry.rejected.append({"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason})

@@ -145,3 +145,39 @@ def test_recorded_calls_are_synthesized_offline_then_run_by_import(tmp_path, iso
     assert chain and chain[0].modules[0].status == "kernel"
     res = run_script(isolated_user_cache, "import metal_accel\nfrom toymodels import Net")
     assert res["hits"] == 1  # the next ordinary run picks the kernel up with no code change
+
+
+COMPILED_USE = """
+import sys, json, torch
+sys.path.insert(0, {here!r})
+import metal_accel
+from test_compile_candidate import LongChain
+m = LongChain().eval()
+x = torch.randn(64, 1024)
+with torch.inference_mode():
+    y = m(x)
+    y = m(x)
+auto = m.__dict__.get("_metal_accel_auto")
+import metal_accel.hook as hook
+hook.deactivate()
+with torch.inference_mode():
+    ref = m(x)
+print(json.dumps({{"hits": auto.hits if auto else 0, "failures": auto.failures if auto else {{}},
+                  "ops": [type(o).__name__ for o in (auto.table.values() if auto else [])],
+                  "max_err": (y - ref).abs().max().item()}}))
+"""
+
+
+def test_import_alone_runs_a_cached_torch_compile_verdict(isolated_user_cache, monkeypatch):
+    from test_compile_candidate import LongChain
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
+    model = LongChain().eval()
+    metal_accel.optimize(model, (torch.randn(64, 1024),), progress=False)
+    assert metal_accel.explain(model).modules[0].status == "compile"
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
+    out = subprocess.run([sys.executable, "-c", COMPILED_USE.format(here=str(HERE))], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["ops"] == ["CompiledOp"] and res["hits"] == 2 and res["failures"] == {}, (res, out.stderr[-2000:])
+    assert res["max_err"] < 1e-4
