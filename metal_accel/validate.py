@@ -6,6 +6,8 @@ references the candidate never sees.
 """
 from __future__ import annotations
 
+import math
+
 import secrets
 import traceback
 from dataclasses import dataclass, field
@@ -136,6 +138,16 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
     return result
 
 
+EAGER_ERROR_QUANTILE = 0.99
+
+
+def _upper_quantile(values: torch.Tensor, q: float) -> float:
+    """The q-quantile of a flat float64 tensor (kthvalue: no size limit, unlike torch.quantile)."""
+    flat = values.flatten()
+    k = min(max(1, math.ceil(q * flat.numel())), flat.numel())
+    return flat.kthvalue(k).values.item()
+
+
 def _close(o: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(bad mask, abs error, allowed) of finite elements of o against r, both float64."""
     err = (o - r).abs()
@@ -148,8 +160,9 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
     """Raise Mismatch unless `out` matches eager `ref` in type, shape, dtype, device, NaN/Inf and values.
 
     With a float64 reference, an element also passes when it is within tolerance of the exact value
-    plus twice eager's own error there (eager's rounding is not the truth), and the error norm may
-    be up to twice eager's.
+    plus twice eager's own error there, or twice eager's 99th-percentile error over the output where
+    that is larger (eager's rounding is not the truth, and a correct kernel rounds elsewhere), and
+    the error norm may be up to twice eager's.
     """
     if not isinstance(out, torch.Tensor):
         raise Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
@@ -183,8 +196,12 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
         x = ref64.detach().double()[finite]
         _, err64, allowed64 = _close(o, x, tol)
         # where eager itself is inaccurate (ill-conditioned inputs), being as far from the exact value
-        # as twice eager's own error is as good as eager; never looser than that
-        bad = bad & (err64 > allowed64 + 2 * (r - x).abs())
+        # as twice eager's own error is as good as eager. Another correct order of operations rounds
+        # differently element by element, so eager's error counts at its 99th percentile over the
+        # output where that is larger than at the element itself; never looser than that.
+        eager_err = (r - x).abs()
+        floor = _upper_quantile(eager_err, EAGER_ERROR_QUANTILE)
+        bad = bad & (err64 > allowed64 + 2 * eager_err.clamp(min=floor))
         x_norm = x.norm().item()
         if x_norm > 0:
             norm_limit = max(tol.norm, 2 * (r - x).norm().item() / x_norm)

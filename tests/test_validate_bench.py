@@ -191,3 +191,24 @@ def test_spot_checks_catch_a_kernel_that_changes_while_timed():
     inputs = [((torch.randn(64),), {}) for _ in range(4)]
     with pytest.raises(Mismatch):
         compare_speed(eager, sneaky, inputs, check=compare_output, check_every=1, min_reps=20, max_reps=20)
+
+
+def test_ill_conditioned_output_judged_by_eagers_error_level_not_its_luck():
+    """Normalizing nearly constant rows: eager and the same computation summed in another order are equally
+    inaccurate, at different elements. The reordered one passes; a 1% scale error still fails."""
+    from metal_accel.validate import Mismatch, compare_output
+
+    def norm(x):
+        d = x - x.mean(-1, keepdim=True)
+        return d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+
+    g = torch.Generator().manual_seed(0)
+    x = 30.0 + 1e-3 * torch.randn(64, 1024, generator=g)
+    ref, ref64 = norm(x), norm(x.double())
+    reordered = norm(x.flip(-1)).flip(-1)
+    assert not torch.equal(reordered, ref)
+    compare_output(reordered, ref, "o", ref64)
+    with pytest.raises(Mismatch, match="outside tolerance"):
+        compare_output(reordered * 1.01, ref, "o", ref64)
+    with pytest.raises(Mismatch, match="outside tolerance"):  # without the exact reference: the plain tolerance
+        compare_output(reordered, ref, "o")
