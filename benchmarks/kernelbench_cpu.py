@@ -4,12 +4,14 @@
 
 Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
 eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
-chosen best side by side. Writes its section of docs/benchmarks.md. `--from DIR` writes the section
+chosen best side by side, with a fresh user cache (no verdict of an earlier run is reused). Writes its
+section of docs/benchmarks.md. `--from DIR` writes the section
 from an earlier run's output directory instead of running again.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -39,7 +41,8 @@ def main() -> int:
     out = args.from_dir or tempfile.mkdtemp(prefix="kernelbench_cpu_")
     cmd = bench_command(args, "OUT")
     if not args.from_dir:
-        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True)
+        env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
+        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True, env=env)
     table = (Path(out) / "suite.md").read_text()
     body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and kernel "
             "candidates (none for the CPU yet), under the same proof and speed gate; the table times eager, "
