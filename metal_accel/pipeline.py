@@ -124,6 +124,7 @@ class Pipeline:
             new.verdicts[self.env.id] = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
                                                 best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
         user.put(new)
+        rep.outpaced = [f"{e.candidate.origin}: {e.verdict.reason}" for e in winners[1:]]
         if winners:
             self._install(call, key, winners[0].candidate, winners[0].op)
             self._accept(rep, winners[0].candidate, winners[0].verdict, winners[0].candidate.origin)

@@ -22,6 +22,7 @@ class ModuleReport:
     compile_us: float | None = None  # torch.compile of the module, when measured
     speedup: float | None = None     # of what runs, over eager
     rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
+    outpaced: list[str] = field(default_factory=list)  # one line per candidate that passed but lost to the winner
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,7 +16,8 @@ def markdown(res: SuiteResult) -> str:
     for key, s in [(str(lv), res.summary(lv)) for lv in res.levels()] + [("all", res.summary())]:
         lines.append(f"- level {key}: {s['attempted']} attempted; geomean {_fmt(s['geomean_vs_eager'], '.2f')}x vs eager, "
                      f"{_fmt(s['geomean_vs_compile'], '.2f')}x vs torch.compile; candidate correct "
-                     f"{s['correct']}/{s['attempted']}; installed (correct and >= 1.05x) {s['installed']}; "
+                     f"{s['correct']}/{s['attempted']}; installed (correct and >= 1.05x) {s['installed']}"
+                     f" (and {s.get('outpaced_by_compile', 0)} more that passed but lost to torch.compile); "
                      f"installed but slower than eager: {', '.join(s['installed_slower_than_eager']) or 'none'}")
     for key, b in [(str(lv), res.best_summary(lv)) for lv in res.levels()] + [("all", res.best_summary())]:
         if b["measured"]:

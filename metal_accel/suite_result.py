@@ -41,6 +41,7 @@ class Row:
     bandwidth_frac: float | None = None
     winner: str = ""                 # origin of the installed candidate (a file, or builtin:torch.compile)
     rejected: list[str] = field(default_factory=list)
+    outpaced: list[str] = field(default_factory=list)  # candidates that passed but lost to the installed one
     seconds: float = 0.0
 
 
@@ -63,6 +64,8 @@ class SuiteResult:
             "fraction_correct": sum(bool(r.candidate_correct) for r in rows) / len(rows) if rows else None,
             "installed": sum(r.status == "kernel" for r in rows),
             "installed_compile": sum(r.status == "compile" for r in rows),
+            "outpaced_by_compile": sum(r.status == "compile" and any(not o.startswith("builtin:") for o in r.outpaced)
+                                       for r in rows),
             "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
                                                for r in rows) / len(rows) if rows else None,
             "installed_slower_than_eager": [r.key for r in rows if r.status == "kernel" and (r.vs_eager or 0) < 1.0],

@@ -218,3 +218,13 @@ def test_kernel_shows_by_name_in_the_profiler(tmp_path):
         model(x)
     assert any(e.name.startswith("metal_accel::k_") for e in prof.events())
     assert model.chain.__dict__["forward"].hits == 1
+
+
+def test_candidates_that_pass_but_lose_are_reported_as_outpaced(tmp_path):
+    from toymodels import chain_candidate
+    slower = chain_candidate(extra="    for (volatile int spin = 0; spin < 2000; ++spin) {}\n")
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD, slower=slower)])
+    rep = chain_report(model)
+    assert rep.status == "kernel" and not rep.rejected, rep
+    assert len(rep.outpaced) == 1 and "eager over" in rep.outpaced[0], rep.outpaced

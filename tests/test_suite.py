@@ -139,3 +139,14 @@ def test_mismatch_reason_tells_irreproducible_eager_from_installed_modules():
     plain = torch.nn.Identity()
     reason = _mismatch_reason(plain, (x,), plain(x), report, Mismatch("m"))
     assert reason.startswith("optimized output differs from eager (norm (compile) not eager)")
+
+
+def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
+    from metal_accel.suite_problem import _candidate_correct
+    row = Row("L2_1_x", 2, 1, "x", attempted=True, status="compile",
+              outpaced=["dir:cands/x.py: 1.30x eager over 500 interleaved pairs"])
+    assert _candidate_correct(row) is True
+    res = SuiteResult([row], {}, None)
+    assert res.summary()["outpaced_by_compile"] == 1
+    row.outpaced = []
+    assert _candidate_correct(row) is False
