@@ -67,16 +67,8 @@ def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[
     return time.perf_counter() - t0, out
 
 
-Check = Callable[[Any, Any, str], Any]  # (kernel output, eager output, label); raises on mismatch
-
-
-def _spot_check(check: Check, k_out: Any, e_out: Any, rep: int) -> None:
-    ks = k_out if isinstance(k_out, (tuple, list)) else (k_out,)
-    es = e_out if isinstance(e_out, (tuple, list)) else (e_out,)
-    if len(ks) != len(es):
-        raise AssertionError(f"timed call {rep}: {len(ks)} outputs, eager returns {len(es)}")
-    for i, (k, e) in enumerate(zip(ks, es)):
-        check(k, e, f"timed call {rep}, output {i}")
+# (kernel outputs, eager outputs, label, index of the input set); raises on mismatch (validate.spot_check)
+Check = Callable[[Any, Any, str, int], Any]
 
 
 def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
@@ -127,7 +119,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             unreliable = True
             break
         if check is not None and rep % check_every == 0 and len(outs) == 2:
-            _spot_check(check, outs[kernel], outs[eager], rep)
+            check(outs[kernel], outs[eager], f"timed call {rep}", rep % len(input_sets))
         rep += 1
     if unreliable or not e_times or not k_times:
         return BenchResult(statistics.median(e_times) * 1e6 if e_times else 0.0,

@@ -179,7 +179,7 @@ def test_output_strides_must_match_eager():
 
 
 def test_spot_checks_catch_a_kernel_that_changes_while_timed():
-    from metal_accel.validate import compare_output
+    from metal_accel.validate import spot_check
     calls = []
 
     def eager(x):
@@ -190,7 +190,7 @@ def test_spot_checks_catch_a_kernel_that_changes_while_timed():
         return x + 1 if len(calls) < 10 else torch.zeros_like(x)
     inputs = [((torch.randn(64),), {}) for _ in range(4)]
     with pytest.raises(Mismatch):
-        compare_speed(eager, sneaky, inputs, check=compare_output, check_every=1, min_reps=20, max_reps=20)
+        compare_speed(eager, sneaky, inputs, check=spot_check(inputs), check_every=1, min_reps=20, max_reps=20)
 
 
 def test_ill_conditioned_output_judged_by_eagers_error_level_not_its_luck():
@@ -212,3 +212,22 @@ def test_ill_conditioned_output_judged_by_eagers_error_level_not_its_luck():
         compare_output(reordered * 1.01, ref, "o", ref64)
     with pytest.raises(Mismatch, match="outside tolerance"):  # without the exact reference: the plain tolerance
         compare_output(reordered, ref, "o")
+
+
+def test_spot_checks_hold_ill_conditioned_outputs_to_the_proofs_rule():
+    from metal_accel.validate import Mismatch, spot_check
+
+    def norm(x):
+        d = x - x.mean(-1, keepdim=True)
+        return d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [((30.0 + 1e-3 * torch.randn(64, 1024, generator=g),), {}) for _ in range(2)]
+    reordered = lambda x: norm(x.flip(-1)).flip(-1)  # noqa: E731
+    ref64 = lambda x: norm(x)  # noqa: E731  (called with float64 inputs, as the proof's reference is)
+    x = inputs[1][0][0]
+    with pytest.raises(Mismatch):  # eager's plain tolerance alone rejects a correct reordering here
+        spot_check(inputs)(reordered(x), norm(x), "timed call 0", 1)
+    spot_check(inputs, ref64)(reordered(x), norm(x), "timed call 0", 1)
+    with pytest.raises(Mismatch, match="outside tolerance"):
+        spot_check(inputs, ref64)(reordered(x) * 1.01, norm(x), "timed call 0", 1)
