@@ -52,7 +52,8 @@ def main() -> int:
     print(body)
     if not args.no_write:
         from _docs import write_section
-        write_section("kernelbench_cpu", f"CPU: KernelBench level {args.level} (problems {args.ids}), "
+        section = "kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}"
+        write_section(section, f"CPU: KernelBench level {args.level} (problems {args.ids}), "
                       "best of eager / torch.compile / kernels", "python benchmarks/kernelbench_cpu.py "
                       f"--level {args.level} --ids {args.ids} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
                       + shlex.join(cmd) + ")", body)
