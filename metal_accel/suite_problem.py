@@ -90,6 +90,15 @@ def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None
         batch = max(1, batch // 2)
 
 
+def largest_tensor_mb(problem: Problem) -> float | None:
+    """The largest input or output of the problem at its current batch_size, in MB (None: unknown)."""
+    try:
+        ins, outs = _shapes(problem)
+    except Exception:  # some problems cannot run on the meta device: measured for real instead
+        return None
+    return max((t.numel() * t.element_size() for t in ins + outs), default=0) / 1e6
+
+
 # ---------------------------------------------------------------- measurement
 
 def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
@@ -147,6 +156,13 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     t_start = time.perf_counter()
     be = get_backend(backend)
     row.batch_original, row.batch = fit_batch(problem, max_tensor_mb)
+    largest = largest_tensor_mb(problem)
+    if max_tensor_mb is not None and largest is not None and largest > max_tensor_mb:
+        row.status = "skipped"
+        row.reason = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
+                      f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
+        row.seconds = time.perf_counter() - t_start
+        return row
     model, inputs = problem.instantiate(device, seed)
     provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
     row.attempted = any(p.files(backend) for p in provs)

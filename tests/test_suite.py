@@ -150,3 +150,13 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
     assert res.summary()["outpaced_by_compile"] == 1
     row.outpaced = []
     assert _candidate_correct(row) is False
+
+
+def test_a_problem_too_large_for_the_cap_is_skipped_not_run(tmp_path):
+    from metal_accel.suite_problem import run_problem
+    big = PROBLEM.replace("batch_size = 64\n", "").replace("torch.randn(batch_size, dim)", "torch.randn(1024, dim)")
+    (tmp_path / "8_Big.py").write_text(big)
+    (p,) = load_problems(tmp_path / "8_Big.py")
+    row = run_problem(p, [], backend="cpu", device="cpu", max_tensor_mb=1.0)
+    assert row.status == "skipped" and "17 MB tensor exceeds --max-tensor-mb 1" in row.reason
+    assert "no batch_size" in row.reason and row.eager_us is None
