@@ -6,18 +6,14 @@ import logging
 import torch
 from torch import nn
 
-from typing import Any
-
 from . import cache as cache_mod
 from .backends import backend_for_device
-from .bench import DEFAULT_MARGIN
-from .builtin_compile import CompiledOp, check_builtin, prove_compiled, supports_compile
+from .builtin_compile import CompiledOp, candidate_op, check_builtin, prove_candidate, supports_compile
 from .capture import ModuleCall
 from .errors import MetalAccelError
 from .keys import class_path, entry_key, module_fingerprint
-from .ops import KernelOp, kernel_op
-from .prove import ProofSettings, backend_timer, kernels_only, prove
-from .sandbox import load_forward
+from .ops import KernelOp
+from .prove import ProofSettings
 from .specs import InputSpec, UnsupportedCall
 
 log = logging.getLogger(__name__)
@@ -55,23 +51,16 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     if verdict is not None:
         if not (verdict.accepted and verdict.candidate_digest == cand.digest):
             return None
-        if cand.is_builtin:  # torch.compile won here: compiled on first use, from inductor's caches when warm
-            log.info("metal_accel: %s %s runs torch.compile (cached verdict %s)", class_path(type(module)),
-                     spec.describe(), key[:12])
-            return CompiledOp(module, f"compile_{key[:16]}")
-        lib = backend.compile(cand.source)
-        log.info("metal_accel: %s %s runs cached kernel %s", class_path(type(module)), spec.describe(), key[:12])
-        return kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec,
-                         entry.output_spec, module, backend.device_type)
+        log.info("metal_accel: %s %s runs cached %s %s", class_path(type(module)), spec.describe(),
+                 "torch.compile" if cand.is_builtin else "kernel", key[:12])
+        return candidate_op(cand, key, module, spec, entry.output_spec, backend)
     if not prove_here:
         return None
     log.warning("metal_accel: proving cached kernel %s for %s %s on this device (once)", key[:12],
                 class_path(type(module)), spec.describe())
     call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=entry.output_spec,
                       args=args, kwargs=kwargs, calls=1)
-    ev: Any = prove_compiled(call, key, backend, margin=DEFAULT_MARGIN, budget_s=ProofSettings().bench_budget_s,
-                             timer=backend_timer(backend)) if cand.is_builtin else prove(call, key, cand, backend,
-                                                                                         ProofSettings())
+    ev = prove_candidate(call, key, cand, backend, ProofSettings())
     entry.verdicts[env.id] = ev.verdict
     if not ev.verdict.accepted:
         entry.rejected.append({"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason})

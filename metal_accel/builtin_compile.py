@@ -19,8 +19,11 @@ from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
-from .prove import float64_reference
 from .errors import CacheError
+from .ops import KernelOp, kernel_op
+from .prove import ProofSettings, backend_timer, float64_reference, kernels_only, prove
+from .sandbox import load_forward
+from .specs import InputSpec, OutputSpec
 from .synth.base import Evaluation
 from .testdata import make_inputs
 from .validate import judge, make_trials, run_trial, spot_check
@@ -146,3 +149,22 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     verdict = Verdict(env, bench.accepted, bench.reason, cand.digest, bench.speedup, bench.eager_us,
                       bench.kernel_us, details)
     return Evaluation(cand, verdict, op if bench.accepted else None, bench)  # type: ignore[arg-type]
+
+
+def prove_candidate(call: ModuleCall, key: str, cand: Candidate, backend: Backend,
+                    settings: ProofSettings) -> Evaluation:
+    """Prove any candidate on this device: the built-in torch.compile in this process, a kernel in the worker."""
+    if cand.is_builtin:
+        return prove_compiled(call, key, backend, margin=settings.margin, budget_s=settings.bench_budget_s,
+                              timer=backend_timer(backend))
+    return prove(call, key, cand, backend, settings)
+
+
+def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: InputSpec, output_spec: OutputSpec,
+                 backend: Backend) -> KernelOp | CompiledOp:
+    """The op that runs a candidate whose verdict here is cached: torch.compile, or the compiled kernel."""
+    if cand.is_builtin:
+        return CompiledOp(module, f"compile_{key[:16]}")
+    lib = backend.compile(cand.source)
+    return kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
+                     backend.device_type)

@@ -15,11 +15,11 @@ from .capture import ModuleCall
 from .dispatch import install
 from .errors import MetalAccelError
 from .keys import class_path, class_source_sha, entry_key, module_fingerprint
-from .ops import KernelOp, kernel_op
-from .builtin_compile import CompiledOp, compile_candidate, generated_code, prove_compiled, supports_compile
-from .prove import ProofSettings, backend_timer, kernels_only, prove
+from .ops import KernelOp
+from .builtin_compile import (CompiledOp, candidate_op, compile_candidate, generated_code, prove_candidate,
+                              supports_compile)
+from .prove import ProofSettings
 from .report import COVERED, ModuleReport
-from .sandbox import load_forward
 from .specs import UnsupportedCall
 from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 
@@ -170,19 +170,12 @@ class Pipeline:
 
     def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
         """Sandbox, compile, validate and benchmark one candidate on this device."""
-        if cand.is_builtin:
-            return prove_compiled(call, key, self.backend, margin=self.settings.margin,
-                                  budget_s=self.settings.bench_budget_s, timer=backend_timer(self.backend))
-        return prove(call, key, cand, self.backend, self.settings)
+        return prove_candidate(call, key, cand, self.backend, self.settings)
 
-    def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | None = None) -> None:
+    def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | CompiledOp | None = None) -> None:
         assert call.spec is not None and call.output_spec is not None
-        if op is None and cand.is_builtin:
-            op = CompiledOp(call.module, f"compile_{key[:16]}")  # type: ignore[assignment]
-        elif op is None:
-            lib = self.backend.compile(cand.source)
-            op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec, call.output_spec,
-                           call.module, self.backend.device_type)
+        if op is None:
+            op = candidate_op(cand, key, call.module, call.spec, call.output_spec, self.backend)
         install(call.module, call.spec.signature(), op, strict=self.strict)
         self.installed.add(id(call.module))
 
