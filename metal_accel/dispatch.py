@@ -82,18 +82,12 @@ class Dispatcher:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None):
             return self.original(*args, **kwargs)
-        if self.resolver is None:
-            shapes = self._first_shapes
-            if shapes is not None and args and type(args[0]) is torch.Tensor \
-                    and args[0].shape not in shapes:  # the common miss, decided without a full signature
-                self.misses += 1
-                return self.original(*args, **kwargs)
-            try:
-                op = self.table.get(call_signature(args, kwargs))
-            except TypeError:  # an unhashable argument: no kernel can be specialized on it
-                op = None
-        else:
-            op = self.kernel_for(args, kwargs)
+        shapes = self._first_shapes
+        if self.resolver is None and shapes is not None and args and type(args[0]) is torch.Tensor \
+                and args[0].shape not in shapes:  # the common miss, decided without a full signature
+            self.misses += 1
+            return self.original(*args, **kwargs)
+        op = self.kernel_for(args, kwargs)
         if op is None:
             self.misses += 1
             return self.original(*args, **kwargs)

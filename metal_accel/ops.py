@@ -97,13 +97,11 @@ class KernelOp:
 
     def _impl(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
         if self._tensors_only:
-            out = self._host(self._module_view(state), *tensors)
-            return [out] if isinstance(out, torch.Tensor) else list(out)
+            return _as_list(self._host(self._module_view(state), *tensors))
         it = iter(tensors)
         args = [next(it) if is_t else value for is_t, value in self._positional]
         kwargs = {k: next(it) if is_t else value for k, is_t, value in self._keywords}
-        out = self._host(self._module_view(state), *args, **kwargs)
-        return [out] if isinstance(out, torch.Tensor) else list(out)
+        return _as_list(self._host(self._module_view(state), *args, **kwargs))
 
     def _fake(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
         like = tensors[0] if tensors else state[0]
@@ -114,16 +112,20 @@ class KernelOp:
             out = self._host(self._module_view(state), *args)
             if self.output_spec.single and type(out) is torch.Tensor:
                 return out
-            outs = [out] if isinstance(out, torch.Tensor) else list(out)
-            return outs[0] if self.output_spec.single else tuple(outs)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if kwargs:
-            tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
-        if _plain_eager(tensors):
-            outs = self._impl(tensors, state)  # the op's own implementation, minus ~3 us of dispatch
+            outs = _as_list(out)
         else:
-            outs = self.op(tensors, state)  # compiling, exporting, profiling or under a mode: the real op
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if kwargs:
+                tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
+            if _plain_eager(tensors):
+                outs = self._impl(tensors, state)  # the op's own implementation, minus ~3 us of dispatch
+            else:
+                outs = self.op(tensors, state)  # compiling, exporting, profiling or under a mode: the real op
         return outs[0] if self.output_spec.single else tuple(outs)
+
+
+def _as_list(out: Any) -> list[torch.Tensor]:
+    return [out] if isinstance(out, torch.Tensor) else list(out)
 
 
 _Tensor = torch.Tensor

@@ -97,14 +97,6 @@ def _libcuda() -> tuple[Callable[..., int], Callable[..., int]]:
     return launch, set_ctx
 
 
-_LAUNCH: list[Any] = [None]  # cuLaunchKernel once loaded: the hot path reads it without a call
-
-
-def _load_launch() -> Callable[..., int]:
-    _LAUNCH[0] = _libcuda()[0]
-    return _LAUNCH[0]
-
-
 def _raw_stream() -> Callable[[int], int]:
     """device index -> PyTorch's current cudaStream_t on it, as an int."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -145,13 +137,14 @@ class CudaLibrary(BoundKernels):
 
         def launch(*args: Any, threads: Any = None, group_size: Any = None, grid: Any = None, block: Any = None,
                    shared_mem: int = 0) -> None:
+            key = (threads, group_size, grid, block)
             try:
-                dims = dims_cache[(threads, group_size, grid, block)]
+                dims = dims_cache[key]
             except (KeyError, TypeError):  # TypeError: an unhashable argument (a list): no caching
                 dims = launch_dims(name, threads=threads, group_size=group_size, grid=grid, block=block)
                 if len(dims_cache) < 4096:
                     try:
-                        dims_cache[(threads, group_size, grid, block)] = dims
+                        dims_cache[key] = dims
                     except TypeError:
                         pass
             params_addr = binder.bind(args)  # converts and checks every argument, then packs
@@ -170,12 +163,12 @@ class CudaLibrary(BoundKernels):
                 if shared_mem > DEFAULT_SMEM_LIMIT:
                     mod.ensure_smem(name, shared_mem)
             (gx, gy, gz), (bx, by, bz) = dims
-            cu_launch = _LAUNCH[0] or _load_launch()
+            cu_launch, set_ctx = _libcuda()  # cached: loaded on the first launch, not at compile time
             fn = mod.handles[name]
             stream = raw_stream(device)
             err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
             if err == CUDA_ERROR_INVALID_CONTEXT:  # a thread on which the runtime never made the context current
-                _libcuda()[1](mod.ctx_handle)
+                set_ctx(mod.ctx_handle)
                 err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
             if err:
                 raise KernelLaunchError(f"kernel {name}: launch with grid {dims[0]}, block {dims[1]}, "

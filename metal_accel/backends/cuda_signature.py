@@ -292,6 +292,4 @@ class ArgBinder:
 
     def bind(self, args: Sequence[Any]) -> int:
         """`values` then `pack` in one step (the launch hot path): the address of the void** array."""
-        st = getattr(self._local, "st", None) or self._buffers()
-        self._format.pack_into(st[0], 0, *self.values(args))
-        return st[2]
+        return self.pack(self.values(args))[0]
