@@ -92,7 +92,9 @@ FINDINGS = """\
 """
 
 
-def geo(xs: list[float]) -> float | None:
+def geo(xs: list[float | None]) -> float | None:
+    """Geometric mean of the values that were measured (None and 0 left out)."""
+    xs = [x for x in xs if x]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
@@ -122,7 +124,6 @@ def body() -> tuple[str, str]:
     res = SuiteResult(rows, env, dram * 1e9)
     out = []
     l2 = [r for r in rows if r.level == 2]
-    l1 = [r for r in rows if r.level == 1]
     s2, s1 = res.summary(2), res.summary(1)
     l2_plain = [r.vs_eager for r in l2 if r.key not in REWRITES and r.vs_eager]
     l2_plain_c = [r.vs_compile for r in l2 if r.key not in REWRITES and r.vs_compile]

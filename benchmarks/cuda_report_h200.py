@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-DATA = HERE.parent / "docs" / "cuda"
-REWRITES = {"L2_14_Gemm_Divide_Sum_Scaling", "L2_18_Matmul_Sum_Max_AvgPool_LogSumExp_LogSumExp",
-            "L2_51_Gemm_Subtract_GlobalAvgPool_LogSumExp_GELU_ResidualAdd"}
-GATE = 1.05
+from cuda_report import DATA, REWRITES, fmt, geo  # noqa: E402  (the H100 section's helpers)
+
+from metal_accel.suite_result import ATTEMPT_SPEEDUP as GATE  # noqa: E402
 
 INTRO = """\
 Five calls of the device tool on an H200 (this session's H100 request was served by an H200), 2026-11-22:
@@ -44,15 +42,6 @@ three input sets timed round-robin with CUDA events checked against the wall clo
 torch.compile and the candidate kernel is proven correct and fastest. "optimized" is the model after
 `optimize()`. Raw results: docs/cuda/h200_*.
 """
-
-
-def geo(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-
-
-def fmt(v: float | None, spec: str = ".2f") -> str:
-    return "–" if v is None else format(v, spec)
 
 
 def rows_of(name: str) -> list[dict]:

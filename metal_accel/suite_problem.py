@@ -79,12 +79,10 @@ def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None
     batch = original
     while True:
         module.batch_size = batch
-        try:
-            ins, outs = _shapes(problem)
-        except Exception:  # the problem's shapes are tied to its batch size: keep the last that worked
+        largest = largest_tensor_mb(problem)
+        if largest is None:  # the problem's shapes are tied to its batch size: keep the last that worked
             module.batch_size = batch * 2 if batch != original else original
             return original, module.batch_size
-        largest = max((t.numel() * t.element_size() for t in ins + outs), default=0) / 1e6
         if largest <= max_tensor_mb or batch == 1:
             return original, batch
         batch = max(1, batch // 2)
