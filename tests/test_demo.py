@@ -65,7 +65,7 @@ def test_kernel_candidates_match_eager(name):
     from metal_accel.backends.cpu import CpuBackend
     from metal_accel.candidate import parse_candidate
     from metal_accel.ops import ModuleLayout
-    from metal_accel.pipeline import kernels_only
+    from metal_accel.prove import kernels_only
     from metal_accel.sandbox import check_host_code, load_forward
     from metal_accel.source_check import check_kernel_source
 
