@@ -10,6 +10,8 @@ from torch import nn
 from .ops import KernelOp, ModuleLayout
 from .specs import call_signature
 
+_is_compiling = torch.compiler.is_compiling
+
 log = logging.getLogger(__name__)
 _bypass_depth = 0
 _UNRESOLVED = object()
@@ -79,6 +81,18 @@ class Dispatcher:
                 self.table[sig] = op
         return op
 
+    def _traced_op(self, args: tuple, kwargs: dict) -> KernelOp | None:
+        """The op to put in the graph when the user's own torch.compile traces this module: only a
+        kernel's custom op, already resolved. An installed torch.compile, or a lazy cache lookup on
+        fake tensors, has no place in someone else's graph: the eager code is traced instead."""
+        if self.resolver is not None:
+            return None
+        try:
+            op = self.table.get(call_signature(args, kwargs))
+        except TypeError:
+            return None
+        return op if isinstance(op, KernelOp) else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None):
             return self.original(*args, **kwargs)
@@ -87,7 +101,7 @@ class Dispatcher:
                 and args[0].shape not in shapes:  # the common miss, decided without a full signature
             self.misses += 1
             return self.original(*args, **kwargs)
-        op = self.kernel_for(args, kwargs)
+        op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
         if op is None:
             self.misses += 1
             return self.original(*args, **kwargs)

@@ -28,6 +28,8 @@ from .cache_index import read_index
 from .dispatch import ORIGINAL_FORWARDS, Dispatcher
 from .ops import KernelOp
 
+_is_compiling = torch.compiler.is_compiling
+
 log = logging.getLogger(__name__)
 _AUTO_ATTR = "_metal_accel_auto"
 
@@ -149,8 +151,8 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
     shapes = frozenset(plan.shapes)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if dispatch.bypass or type(self) is not cls or not args:
-            return original(self, *args, **kwargs)
+        if dispatch.bypass or type(self) is not cls or not args or _is_compiling():
+            return original(self, *args, **kwargs)  # traced by the user's torch.compile: their graph, eager code
         first = args[0]
         if type(first) is not torch.Tensor or first.shape not in shapes:
             return original(self, *args, **kwargs)

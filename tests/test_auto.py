@@ -181,3 +181,44 @@ def test_import_alone_runs_a_cached_torch_compile_verdict(isolated_user_cache, m
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["ops"] == ["CompiledOp"] and res["hits"] == 2 and res["failures"] == {}, (res, out.stderr[-2000:])
     assert res["max_err"] < 1e-4
+
+
+USER_COMPILES = """
+import sys, json, torch
+sys.path.insert(0, {here!r})
+import metal_accel
+from toymodels import Net
+m = Net().eval()
+x = torch.randn(4, 256)
+with torch.inference_mode():
+    y = torch.compile(m)(x)
+import metal_accel.hook as hook
+hook.deactivate()
+with torch.inference_mode():
+    ref = m(x)
+print(json.dumps({{"max_err": ((y - ref).abs() / (ref.abs() + 1)).max().item()}}))
+"""
+
+
+def test_user_torch_compile_of_a_patched_class_runs(cached_chain):
+    """torch.compile of a model whose classes import-time instrumentation patched traces the eager code."""
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(cached_chain)}
+    out = subprocess.run([sys.executable, "-c", USER_COMPILES.format(here=str(HERE))], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["max_err"] < 1e-4
+
+
+def test_user_torch_compile_over_a_cached_torch_compile_verdict(isolated_user_cache, monkeypatch):
+    from test_compile_candidate import LongChain
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
+    model = LongChain().eval()
+    metal_accel.optimize(model, (torch.randn(64, 1024),), progress=False)
+    assert metal_accel.explain(model).modules[0].status == "compile"
+    script = USER_COMPILES.replace("from toymodels import Net", "from test_compile_candidate import LongChain as Net")
+    script = script.replace("torch.randn(4, 256)", "torch.randn(64, 1024)")
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
+    out = subprocess.run([sys.executable, "-c", script.format(here=str(HERE))], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["max_err"] < 1e-4

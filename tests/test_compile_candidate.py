@@ -77,6 +77,9 @@ def test_per_module_winner_and_reasons(compile_on):
         torch.testing.assert_close(model(x), ref)
         x2 = torch.randn(64, 1024)
         torch.testing.assert_close(model(x2), eager_twin(x2))
+    # the user's own torch.compile of the optimized model traces the eager code of compiled modules
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.compile(model)(x2), eager_twin(x2))
     # the verdicts are cached like any kernel's: a second optimize() compiles nothing new to decide
     cached = [e for e in cache_mod.user_cache().entries("cpu") if e.candidate is not None]
     assert any(e.candidate.kind == "inductor" for e in cached)
