@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from metal_accel.backends.cuda_signature import parse_cuda_kernels
 from metal_accel.candidate import parse_candidate
@@ -72,3 +73,16 @@ def test_compiles_with_nvrtc(path):
         pytest.skip("CUDA toolkit headers not found")
     image = nvrtc_compile(cand.source, "sm_90", nvrtc_options("sm_90", toolkit_include_dirs()), True)
     assert len(image) > 0
+
+
+def test_bandwidth_benchmark_names_existing_kernels():
+    """benchmarks/cuda_bandwidth.py runs on the GPU only; here: every kernel it names exists."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cuda_bandwidth", ROOT / "benchmarks" / "cuda_bandwidth.py")
+    bw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bw)
+    for key in bw.LEVEL1:
+        assert (bw.CANDIDATES / f"{key}.py").is_file(), key
+    for name in bw.BLOCKS:
+        assert (bw.BLOCK_SOURCES / f"{name}.py").is_file(), name
+    assert bw.nbytes((torch.zeros(3, 4), [torch.zeros(2, dtype=torch.float16)], 1.0)) == 52
