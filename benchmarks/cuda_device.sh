@@ -4,6 +4,7 @@
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
 # DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
+# ATTEMPTED= (empty) also runs problems without a candidate (torch.compile against eager only).
 set -o pipefail
 START=$(date +%s)
 OUT=${OUT:-device_out}
@@ -40,7 +41,7 @@ for step in "$@"; do
     bench)
       LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
       METAL_ACCEL_USER_CACHE=$(mktemp -d) timeout -s INT -k 20 $LEFT metal-accel bench "$PROBLEMS" \
-        --provider dir:benchmarks/candidates --attempted-only --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} \
+        --provider dir:benchmarks/candidates ${ATTEMPTED---attempted-only} --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} \
         --bench-budget ${BENCH_BUDGET:-0.6} --compile-jobs ${COMPILE_JOBS:-12} --out "$OUT/bench" --no-progress \
         ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee /tmp/bench.log | grep -E "^L[0-9]|level" ;;
   esac
