@@ -21,20 +21,14 @@ from typing import Any, Callable
 
 import torch
 
+from metal_accel.suite_problem import tensor_bytes as nbytes
+
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "benchmarks" / "candidates" / "cuda"
 BLOCK_SOURCES = ROOT / "kernels_src" / "cuda"
 LEVEL1 = ("L1_23_Softmax", "L1_24_LogSoftmax", "L1_25_Swish", "L1_30_Softsign", "L1_36_RMSNorm_",
           "L1_40_LayerNorm", "L1_88_MinGPTNewGelu", "L1_94_MSELoss", "L1_96_HuberLoss", "L1_98_KLDivLoss")
 BLOCKS = ("RMSNorm", "LayerNorm", "BiasGelu", "Softmax", "SiluMul", "Rotary")
-
-
-def nbytes(values: Any) -> int:
-    if isinstance(values, torch.Tensor):
-        return values.numel() * values.element_size()
-    if isinstance(values, (tuple, list)):
-        return sum(nbytes(v) for v in values)
-    return 0
 
 
 def per_call_s(fn: Callable[[], Any], min_s: float = 0.2) -> float:

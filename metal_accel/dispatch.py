@@ -7,10 +7,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .ops import KernelOp, ModuleLayout
+from .ops import KernelOp, ModuleLayout, _is_compiling
 from .specs import call_signature
 
-_is_compiling = torch.compiler.is_compiling
 
 log = logging.getLogger(__name__)
 _bypass_depth = 0

@@ -26,9 +26,8 @@ from torch import nn
 from . import dispatch
 from .cache_index import read_index
 from .dispatch import ORIGINAL_FORWARDS, Dispatcher
-from .ops import KernelOp
+from .ops import KernelOp, _is_compiling
 
-_is_compiling = torch.compiler.is_compiling
 
 log = logging.getLogger(__name__)
 _AUTO_ATTR = "_metal_accel_auto"

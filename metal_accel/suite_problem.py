@@ -134,7 +134,8 @@ def _flops(model: torch.nn.Module, inputs: tuple) -> float:
         return float("nan")
 
 
-def _nbytes(values: Any) -> int:
+def tensor_bytes(values: Any) -> int:
+    """Bytes of the tensors in VALUES (a tensor, or a flat tuple or list of arguments)."""
     vals = values if isinstance(values, (tuple, list)) else (values,)
     return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
 
@@ -170,7 +171,8 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     row.flops = _flops(model, inputs)
     with torch.inference_mode():
         ref = model(*sets[1])
-    row.min_bytes = float(_nbytes(inputs) + _nbytes(ref) + sum(_nbytes(t) for t in model.state_dict().values()))
+    state = model.state_dict().values()
+    row.min_bytes = float(tensor_bytes(inputs) + tensor_bytes(ref) + sum(tensor_bytes(t) for t in state))
     compiled = None
     if with_compile:
         twin = copy.deepcopy(model)

@@ -85,4 +85,4 @@ def test_bandwidth_benchmark_names_existing_kernels():
         assert (bw.CANDIDATES / f"{key}.py").is_file(), key
     for name in bw.BLOCKS:
         assert (bw.BLOCK_SOURCES / f"{name}.py").is_file(), name
-    assert bw.nbytes((torch.zeros(3, 4), [torch.zeros(2, dtype=torch.float16)], 1.0)) == 52
+    assert bw.nbytes((torch.zeros(3, 4), torch.zeros(2, dtype=torch.float16), 1.0)) == 52
