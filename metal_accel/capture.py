@@ -11,7 +11,7 @@ from torch import nn
 from .dispatch import eager_only
 from .specs import InputSpec, OutputSpec, UnsupportedCall, call_signature
 
-MAX_COMPOSITE_MODULES = 16  # a composite with more descendants than this is not a kernel candidate
+MAX_COMPOSITE_MODULES = 16  # a composite with more descendants than this gets no LLM kernel (torch.compile only)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
@@ -28,6 +28,7 @@ class ModuleCall:
     calls: int = 0
     eager_s: float = 0.0           # inclusive wall time summed over calls
     unsupported: str = ""          # why it cannot get a kernel, if it cannot
+    compile_only: str = ""         # why LLM kernels are not asked for (torch.compile may still win)
     children: list[str] = field(default_factory=list)
 
     @property
@@ -36,14 +37,19 @@ class ModuleCall:
 
 
 def replaceability(module: nn.Module) -> str:
-    """'' when the module may get a kernel, else the reason it may not."""
+    """'' when the module may run something other than its eager forward, else the reason it may not."""
     if isinstance(module, _CONTAINERS):
         return "container module"
-    n_desc = sum(1 for _ in module.modules()) - 1
-    if n_desc > MAX_COMPOSITE_MODULES:
-        return f"composite of {n_desc} modules (limit {MAX_COMPOSITE_MODULES})"
     if module._forward_hooks or module._forward_pre_hooks:
         return "module has its own forward hooks"
+    return ""
+
+
+def llm_limit(module: nn.Module) -> str:
+    """'' when an LLM may be asked for this module's kernel, else why not (too large for one prompt)."""
+    n_desc = sum(1 for _ in module.modules()) - 1
+    if n_desc > MAX_COMPOSITE_MODULES:
+        return f"composite of {n_desc} modules (LLM limit {MAX_COMPOSITE_MODULES})"
     return ""
 
 
@@ -63,6 +69,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None,
     kwargs = kwargs or {}
     names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
     reasons = {id(m): replaceability(m) for m in model.modules()}  # before our own hooks exist
+    limits = {id(m): llm_limit(m) for m in model.modules()}
     records: dict[tuple, ModuleCall] = {}
     stack: list[tuple[int, tuple, dict, float]] = []
     recording = timing = False
@@ -84,6 +91,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None,
         rec = records.get(sig)
         if rec is None:
             rec = _new_record(names.get(mid, type(module).__name__), module, reasons.get(mid, ""), a, kw, out)
+            rec.compile_only = limits.get(mid, "")
             records[sig] = rec
         if timing:  # the first recorded run builds the records, whose cost would pollute the times
             rec.calls += 1

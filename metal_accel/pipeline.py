@@ -37,6 +37,10 @@ class Pipeline:
     _parents: dict[int, list[nn.Module]] = field(default_factory=dict)
 
     @property
+    def _compiles(self) -> bool:
+        return self.try_compile and supports_compile(self.backend)
+
+    @property
     def env(self) -> Environment:
         return self.backend.environment()
 
@@ -58,6 +62,9 @@ class Pipeline:
     def _process(self, call: ModuleCall, rep: ModuleReport) -> None:
         if not call.replaceable:
             rep.reason = call.unsupported
+            return
+        if call.compile_only and not self._compiles:
+            rep.reason = call.compile_only
             return
         covering = [a for a in self._ancestors(call) if id(a) in self.installed]
         if covering:
@@ -137,12 +144,16 @@ class Pipeline:
         interactive providers get each verdict back."""
         evaluations: list[Evaluation] = []
         builtin = compile_candidate(self.backend)
-        if self.try_compile and supports_compile(self.backend) and builtin.digest not in tried:
+        if self._compiles and builtin.digest not in tried:
             ev = self.evaluate(call, key, builtin)
             evaluations.append(ev)
             request.compile_us = ev.verdict.kernel_us
             if ev.verdict.kernel_us is not None and any(isinstance(p, InteractiveProvider) for p in self.providers):
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
+        if call.compile_only:
+            if self.providers:
+                rep.rejected.append(f"LLM providers not asked: {call.compile_only}")
+            return evaluations
         for provider in self.providers:
             if isinstance(provider, InteractiveProvider):
                 try:

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import config
 from .cache_index import atomic_write
-from .capture import replaceability
+from .capture import llm_limit, replaceability
 from .dispatch import dispatcher_of
 from .hook import _AUTO_ATTR
 from .keys import class_path, module_fingerprint
@@ -96,7 +96,8 @@ class Recorder:
         mid = id(module)
         if mid not in self._fingerprints:
             try:
-                self._fingerprints[mid] = None if replaceability(module) else module_fingerprint(module)
+                unfit = replaceability(module) or llm_limit(module)  # recordings feed LLM synthesis
+                self._fingerprints[mid] = None if unfit else module_fingerprint(module)
             except UnsupportedCall:
                 self._fingerprints[mid] = None
         return self._fingerprints[mid]

@@ -8,6 +8,8 @@ from torch import nn
 import metal_accel
 from metal_accel.builtin_compile import compiled_graphs
 from metal_accel import cache as cache_mod
+from metal_accel.keys import class_path
+from metal_accel.report import COVERED
 
 from test_optimize import candidates
 from toymodels import GOOD, Chain
@@ -143,3 +145,39 @@ def test_many_compiled_modules_do_not_share_one_recompile_budget():
             x = torch.randn(4, 8)
             torch.testing.assert_close(CompiledOp(module, f"compile_t{i}")((x,), {}, []), module(x))
     assert counters["stats"]["unique_graphs"] - before == 12
+
+
+class Deep(nn.Module):
+    """A whole network by the LLM limit (18 modules): no prompt for it, but torch.compile may win."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = nn.ModuleList(LongChain() for _ in range(17))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for step in self.steps:
+            x = step(x)
+        return x
+
+
+def test_composite_beyond_llm_limit_gets_compile_but_no_prompt(compile_on):
+    recorder = _Recorder()
+    model, x = Deep().eval(), torch.randn(64, 1024)
+    with torch.inference_mode():
+        ref = model(x)
+    metal_accel.optimize(model, (x,), providers=[recorder], progress=False)
+    rep = report_of(model)
+    assert rep["Deep"].status == "compile", rep["Deep"]
+    assert any("LLM providers not asked: composite of 18 modules" in r for r in rep["Deep"].rejected)
+    assert all(r.module_class != class_path(Deep) for r in recorder.requests)  # nothing asked for the whole
+    assert all(rep[f"steps.{i}"].reason == COVERED for i in range(17))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), ref)
+
+
+def test_composite_beyond_llm_limit_stays_eager_without_compile(monkeypatch):
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "0")
+    model = Deep().eval()
+    metal_accel.optimize(model, (torch.randn(8, 64),), progress=False)
+    rep = report_of(model)
+    assert rep["Deep"].status == "eager" and "composite of 18 modules" in rep["Deep"].reason
