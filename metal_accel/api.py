@@ -105,7 +105,7 @@ def explain(model: nn.Module) -> OptimizeReport:
     modules = {name or type(model).__name__: m for name, m in model.named_modules()}
     for m in report.modules:
         disp = dispatcher_of(modules[m.name]) if m.name in modules else None
-        if m.status == "kernel" and disp is not None and disp.failures and not disp.table:
-            m.status, m.reason = "eager", "kernel failed at run time: " + "; ".join(disp.failures.values())
+        if m.status != "eager" and disp is not None and disp.failures and not disp.table:
+            m.status, m.reason = "eager", f"{m.status} failed at run time: " + "; ".join(disp.failures.values())
     return report
 

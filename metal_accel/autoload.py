@@ -46,13 +46,13 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     cand = entry.candidate
     if cand.is_builtin:
         check_builtin(cand)
-        if not supports_compile(backend):
+        if not supports_compile(backend, cand.kind):
             return None
     if verdict is not None:
         if not (verdict.accepted and verdict.candidate_digest == cand.digest):
             return None
         log.info("metal_accel: %s %s runs cached %s %s", class_path(type(module)), spec.describe(),
-                 "torch.compile" if cand.is_builtin else "kernel", key[:12])
+                 cand.origin if cand.is_builtin else "kernel", key[:12])
         return candidate_op(cand, key, module, spec, entry.output_spec, backend)
     if not prove_here:
         return None

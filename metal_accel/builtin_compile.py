@@ -1,8 +1,9 @@
 """torch.compile as a built-in candidate: judged by the same proof and speed gate as LLM kernels.
 
 The candidate runs no code of its own: it is torch.compile (inductor, default mode, whole
-graph, static shapes) of the module's own eager forward. A compile failure or a graph break is a
-rejection with its reason. Inductor's on-disk caches make a warm start cheap.
+graph, static shapes) of the module's own eager forward; on CUDA a second built-in candidate
+replays that compile as a CUDA graph (builtin_graph.py). A compile failure, graph break or failed
+capture is a rejection with its reason. Inductor's on-disk caches make a warm start cheap.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from .backends.base import Backend
 from .bench import compare_speed
+from .builtin_graph import GRAPH_CODE, GraphedOp
 from .cache import Verdict
 from .candidate import Candidate
 from .capture import ModuleCall
@@ -30,21 +32,29 @@ from .validate import judge, make_trials, run_trial, spot_check
 
 log = logging.getLogger(__name__)
 COMPILE_CODE = "torch.compile(forward, fullgraph=True, dynamic=False)"  # the candidate's identity (and meaning)
+BUILTIN_CODES = {"inductor": COMPILE_CODE, "cuda-graph": GRAPH_CODE}
+_ORIGINS = {"inductor": "builtin:torch.compile", "cuda-graph": "builtin:cuda-graph"}
 _NO_INDUCTOR = {"mps-emu"}  # emulated devices: compiling the CPU graph would say nothing about them
 
 
-def compile_candidate(backend: Backend) -> Candidate:
-    return Candidate(code=COMPILE_CODE, source="", backend=backend.name, origin="builtin:torch.compile",
-                     kind="inductor")
+def compile_candidate(backend: Backend, kind: str = "inductor") -> Candidate:
+    return Candidate(code=BUILTIN_CODES[kind], source="", backend=backend.name, origin=_ORIGINS[kind], kind=kind)
 
 
-def supports_compile(backend: Backend) -> bool:
+def supports_compile(backend: Backend, kind: str = "inductor") -> bool:
+    if kind == "cuda-graph" and backend.device_type != "cuda":
+        return False
     return backend.name not in _NO_INDUCTOR and backend.device_type in ("cpu", "cuda", "mps")
 
 
+def builtin_kinds(backend: Backend) -> list[str]:
+    """The built-in candidates this backend can run, torch.compile first."""
+    return [k for k in BUILTIN_CODES if supports_compile(backend, k)]
+
+
 def check_builtin(cand: Candidate) -> None:
-    """A cached built-in candidate must be exactly the one we define (it carries no code)."""
-    if cand.kind != "inductor" or cand.code != COMPILE_CODE or cand.source:
+    """A cached built-in candidate must be exactly one we define (it carries no code)."""
+    if BUILTIN_CODES.get(cand.kind) != cand.code or cand.source:
         raise CacheError("malformed built-in candidate")
 
 
@@ -99,9 +109,10 @@ def generated_code(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
 
 
 def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: float, budget_s: float,
-                   timer: Any = None) -> Evaluation:
-    """Compile, validate in-process (torch's compiler is trusted code) and time against eager."""
-    cand = compile_candidate(backend)
+                   timer: Any = None, kind: str = "inductor") -> Evaluation:
+    """Compile (and capture, for "cuda-graph"), validate in-process (torch's compiler is trusted code)
+    and time against eager."""
+    cand = compile_candidate(backend, kind)
     env = backend.environment()
     assert call.spec is not None
 
@@ -110,7 +121,7 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
         return Evaluation(cand, Verdict(env, False, reason, cand.digest, details=details or {}))
 
     module = call.module
-    op = CompiledOp(module, f"compile_{key[:16]}")
+    op: CompiledOp | GraphedOp = CompiledOp(module, f"compile_{key[:16]}")
     device = next((a.device for a in (*call.args, *call.kwargs.values()) if isinstance(a, torch.Tensor)),
                   torch.device("cpu"))
     t0 = time.perf_counter()
@@ -119,12 +130,19 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
         with torch.inference_mode():
             op(tuple(call.args), dict(call.kwargs), [])
     except Exception as exc:
-        kind = "graph break" if "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__ else "failed"
-        return reject(f"torch.compile {kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        what = "graph break" if "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__ else "failed"
+        return reject(f"torch.compile {what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     compile_s = time.perf_counter() - t0
     graphs = compiled_graphs() - graphs
     if graphs != 1:  # several graphs: graph breaks; none: dynamo broke off at the call and ran it eagerly
         return reject(f"torch.compile graph break: the forward compiled into {graphs} graphs, not one")
+    if kind == "cuda-graph":
+        op = GraphedOp(op, module)
+        try:
+            with torch.inference_mode():
+                op(tuple(call.args), dict(call.kwargs), [])
+        except Exception as exc:
+            return reject(f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     trials = make_trials(call.spec, device)
     original = eager_forward(module)
     with torch.inference_mode():
@@ -156,15 +174,16 @@ def prove_candidate(call: ModuleCall, key: str, cand: Candidate, backend: Backen
     """Prove any candidate on this device: the built-in torch.compile in this process, a kernel in the worker."""
     if cand.is_builtin:
         return prove_compiled(call, key, backend, margin=settings.margin, budget_s=settings.bench_budget_s,
-                              timer=backend_timer(backend))
+                              timer=backend_timer(backend), kind=cand.kind)
     return prove(call, key, cand, backend, settings)
 
 
 def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: InputSpec, output_spec: OutputSpec,
-                 backend: Backend) -> KernelOp | CompiledOp:
-    """The op that runs a candidate whose verdict here is cached: torch.compile, or the compiled kernel."""
+                 backend: Backend) -> KernelOp | CompiledOp | GraphedOp:
+    """The op that runs a candidate whose verdict here is cached: torch.compile (maybe graphed), or the kernel."""
     if cand.is_builtin:
-        return CompiledOp(module, f"compile_{key[:16]}")
+        compiled = CompiledOp(module, f"compile_{key[:16]}")
+        return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
     lib = backend.compile(cand.source)
     return kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
                      backend.device_type)

@@ -97,7 +97,7 @@ class CacheEntry:
         if d.get("candidate"):
             c = d["candidate"]
             kind = c.get("kind", "kernel")
-            if kind not in ("kernel", "inductor"):
+            if kind not in ("kernel", "inductor", "cuda-graph"):
                 raise CacheError(f"unknown candidate kind {kind!r}")
             cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""),
                              kind=kind)

@@ -19,7 +19,8 @@ class Candidate:
     source: str        # the kernel source extracted from SOURCE
     backend: str       # backend whose language SOURCE is written in
     origin: str = ""   # where it came from, e.g. "dir:/path/RMSNorm.py" or "openai:gpt-5"
-    kind: str = "kernel"  # "kernel": SOURCE + host code; "inductor": torch.compile of the module itself
+    kind: str = "kernel"  # "kernel": SOURCE + host code; "inductor": torch.compile of the module itself;
+    #                       "cuda-graph": that compile replayed as a CUDA graph
 
     @property
     def digest(self) -> str:

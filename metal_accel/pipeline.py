@@ -16,8 +16,9 @@ from .dispatch import install
 from .errors import MetalAccelError
 from .keys import class_path, class_source_sha, entry_key, module_fingerprint
 from .ops import KernelOp
-from .builtin_compile import (CompiledOp, candidate_op, compile_candidate, generated_code, prove_candidate,
-                              supports_compile)
+from .builtin_compile import (CompiledOp, builtin_kinds, candidate_op, compile_candidate, generated_code,
+                              prove_candidate, supports_compile)
+from .builtin_graph import GraphedOp
 from .prove import ProofSettings
 from .report import COVERED, ModuleReport
 from .specs import UnsupportedCall
@@ -143,10 +144,14 @@ class Pipeline:
         """torch.compile first (its time and code become context), then every provider's candidates;
         interactive providers get each verdict back."""
         evaluations: list[Evaluation] = []
-        builtin = compile_candidate(self.backend)
-        if self._compiles and builtin.digest not in tried:
+        for kind in builtin_kinds(self.backend) if self.try_compile else []:
+            builtin = compile_candidate(self.backend, kind)
+            if builtin.digest in tried:
+                continue
             ev = self.evaluate(call, key, builtin)
             evaluations.append(ev)
+            if kind != "inductor":
+                continue
             request.compile_us = ev.verdict.kernel_us
             if ev.verdict.kernel_us is not None and any(isinstance(p, InteractiveProvider) for p in self.providers):
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
@@ -183,7 +188,8 @@ class Pipeline:
         """Sandbox, compile, validate and benchmark one candidate on this device."""
         return prove_candidate(call, key, cand, self.backend, self.settings)
 
-    def _install(self, call: ModuleCall, key: str, cand: Candidate, op: KernelOp | CompiledOp | None = None) -> None:
+    def _install(self, call: ModuleCall, key: str, cand: Candidate,
+                 op: KernelOp | CompiledOp | GraphedOp | None = None) -> None:
         assert call.spec is not None and call.output_spec is not None
         if op is None:
             op = candidate_op(cand, key, call.module, call.spec, call.output_spec, self.backend)
@@ -192,11 +198,14 @@ class Pipeline:
 
     @staticmethod
     def _accept(rep: ModuleReport, cand: Candidate, verdict: Verdict, source: str) -> None:
-        builtin = cand.is_builtin
-        rep.status, rep.source, rep.reason = "compile" if builtin else "kernel", source, verdict.reason
+        inductor = cand.kind == "inductor"
+        rep.status = {"inductor": "compile", "cuda-graph": "graph"}.get(cand.kind, "kernel")
+        rep.source, rep.reason = source, verdict.reason
         rep.speedup = verdict.speedup
-        if builtin:
+        if inductor:
             rep.compile_us = verdict.kernel_us
+        elif cand.kind == "cuda-graph":
+            rep.graph_us = verdict.kernel_us
         else:
             rep.kernel_us = verdict.kernel_us
         if verdict.eager_us is not None:
@@ -223,8 +232,10 @@ def _record_times(rep: ModuleReport, evaluations: list[Evaluation]) -> None:
             continue
         if ev.verdict.eager_us is not None:  # the benchmark's eager time beats capture's estimate
             rep.eager_us = ev.verdict.eager_us
-        if ev.candidate.is_builtin:
+        if ev.candidate.kind == "inductor":
             rep.compile_us = us
+        elif ev.candidate.kind == "cuda-graph":
+            rep.graph_us = us
         elif rep.kernel_us is None or us < rep.kernel_us:
             rep.kernel_us = us
 

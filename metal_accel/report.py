@@ -12,7 +12,8 @@ class ModuleReport:
     name: str
     module_class: str
     spec: str
-    status: str                 # "kernel" (LLM or supplied kernel), "compile" (torch.compile) or "eager"
+    status: str                 # "kernel" (LLM or supplied kernel), "compile" (torch.compile),
+    #                             "graph" (torch.compile replayed as a CUDA graph) or "eager"
     reason: str
     key: str = ""
     source: str = ""            # where the kernel came from: "cache:user", "cache:shipped", "dir:..."
@@ -20,6 +21,7 @@ class ModuleReport:
     eager_us: float | None = None
     kernel_us: float | None = None   # the fastest measured kernel candidate, accepted or not
     compile_us: float | None = None  # torch.compile of the module, when measured
+    graph_us: float | None = None    # torch.compile replayed as a CUDA graph, when measured
     speedup: float | None = None     # of what runs, over eager
     rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
     outpaced: list[str] = field(default_factory=list)  # one line per candidate that passed but lost to the winner
@@ -48,21 +50,27 @@ class OptimizeReport:
         """A plain-text table: module, input spec, times, what runs and why (covered calls folded)."""
         def us(v: float | None) -> str:
             return f"{v:.1f}" if v is not None else "-"
+        graphs = any(m.graph_us is not None for m in self.modules)
         rows = [("module", "class", "input", "eager us", "compile us", "kernel us", "runs", "speedup", "why")]
+        if graphs:
+            rows[0] = rows[0][:5] + ("graph us",) + rows[0][5:]
         covered = [m for m in self.modules if m.reason == COVERED]
         for m in self.modules:
             if m.reason == COVERED and not verbose:
                 continue
             speed = f"{m.speedup:.2f}x" if m.speedup is not None else "-"
             why = m.reason if len(m.reason) <= width else m.reason[: width - 3] + "..."
-            rows.append((m.name, m.module_class.rsplit(".", 1)[-1], m.spec, us(m.eager_us), us(m.compile_us),
-                         us(m.kernel_us), m.status, speed, why))
+            row = (m.name, m.module_class.rsplit(".", 1)[-1], m.spec, us(m.eager_us), us(m.compile_us),
+                   us(m.kernel_us), m.status, speed, why)
+            rows.append(row[:5] + (us(m.graph_us),) + row[5:] if graphs else row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         n_compile = sum(1 for m in self.modules if m.status == "compile")
-        head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels) - n_compile} of "
-                f"{len(self.modules)} module calls run kernels, {n_compile} torch.compile; "
+        n_graph = sum(1 for m in self.modules if m.status == "graph")
+        head = (f"metal_accel on {self.backend} ({self.device}): {len(self.kernels) - n_compile - n_graph} of "
+                f"{len(self.modules)} module calls run kernels, {n_compile} torch.compile"
+                + (f", {n_graph} torch.compile as a CUDA graph" if n_graph else "") + "; "
                 f"decided in {self.elapsed_s:.1f} s")
         if covered and not verbose:
             lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")

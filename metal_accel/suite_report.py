@@ -23,6 +23,7 @@ def markdown(res: SuiteResult) -> str:
         if b["measured"]:
             lines.append(f"- level {key}, chosen best over all {b['measured']} measured problems "
                          f"(runs: {b['runs']['kernel']} kernel, {b['runs']['compile']} torch.compile, "
+                         f"{b['runs'].get('graph', 0)} torch.compile as a CUDA graph, "
                          f"{b['runs']['eager']} eager): geomean {_fmt(b['geomean_vs_eager'], '.2f')}x vs eager, "
                          f"{_fmt(b['geomean_vs_compile'], '.2f')}x vs torch.compile; worst "
                          f"{_fmt(b['min_vs_eager'], '.2f')}x vs eager, {_fmt(b['min_vs_compile'], '.2f')}x vs "
@@ -33,7 +34,8 @@ def markdown(res: SuiteResult) -> str:
         batch = f"{r.batch}" + (f" (of {r.batch_original})" if r.batch != r.batch_original else "")
         correct = {True: "yes", False: "no", None: "–"}[r.candidate_correct]
         result = "kernel" if r.status == "kernel" else \
-            "torch.compile won the pipeline" if r.status == "compile" else f"{r.status}: {r.reason}"
+            "torch.compile won the pipeline" if r.status == "compile" else \
+            "torch.compile as a CUDA graph won the pipeline" if r.status == "graph" else f"{r.status}: {r.reason}"
         result = result.replace("|", "/").replace("\n", " ")[:160]
         bw = _fmt(100 * r.bandwidth_frac, ".0f") + "%" if r.memory_bound and r.bandwidth_frac else "–"
         lines.append(f"| {r.key} | {batch} | {_fmt(r.eager_us, '.1f')} | {_fmt(r.compile_us, '.1f')} | "

@@ -23,7 +23,7 @@ class Row:
     batch: int | None = None
     batch_original: int | None = None
     attempted: bool = False          # a candidate was proposed
-    status: str = "eager"            # kernel | eager | error | skipped
+    status: str = "eager"            # kernel | compile | graph | eager | error | skipped
     reason: str = ""
     candidate_correct: bool | None = None
     output_ok: bool | None = None
@@ -64,6 +64,7 @@ class SuiteResult:
             "fraction_correct": sum(bool(r.candidate_correct) for r in rows) / len(rows) if rows else None,
             "installed": sum(r.status == "kernel" for r in rows),
             "installed_compile": sum(r.status == "compile" for r in rows),
+            "installed_graph": sum(r.status == "graph" for r in rows),
             "outpaced_by_compile": sum(r.status == "compile" and any(not o.startswith("builtin:") for o in r.outpaced)
                                        for r in rows),
             "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
@@ -80,7 +81,7 @@ class SuiteResult:
         return {"measured": len(timed), "geomean_vs_eager": geo([r.vs_eager for r in timed]),
                 "geomean_vs_compile": geo(vs_c), "min_vs_eager": min((r.vs_eager for r in timed), default=None),
                 "min_vs_compile": min(vs_c, default=None),
-                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "eager")}}
+                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "graph", "eager")}}
 
     def to_dict(self) -> dict[str, Any]:
         return {"environment": self.environment, "dram_bandwidth_gbs": (self.dram_bandwidth or 0) / 1e9,

@@ -181,3 +181,23 @@ def test_composite_beyond_llm_limit_stays_eager_without_compile(monkeypatch):
     metal_accel.optimize(model, (torch.randn(8, 64),), progress=False)
     rep = report_of(model)
     assert rep["Deep"].status == "eager" and "composite of 18 modules" in rep["Deep"].reason
+
+
+def test_cuda_graph_candidate_only_on_cuda_and_checked_from_the_cache():
+    from metal_accel.backends import get_backend
+    from metal_accel.builtin_compile import builtin_kinds, check_builtin, compile_candidate
+    from metal_accel.candidate import Candidate
+    from metal_accel.errors import CacheError
+
+    cpu = get_backend("cpu")
+    assert builtin_kinds(cpu) == ["inductor"]  # no CUDA graph where there is no CUDA
+
+    class FakeCuda:
+        name, device_type = "cuda", "cuda"
+
+    assert builtin_kinds(FakeCuda()) == ["inductor", "cuda-graph"]
+    graph = compile_candidate(FakeCuda(), "cuda-graph")
+    check_builtin(graph)
+    assert graph.digest != compile_candidate(FakeCuda()).digest and graph.origin == "builtin:cuda-graph"
+    with pytest.raises(CacheError):  # a cached entry claiming to be built-in must carry exactly our code
+        check_builtin(Candidate(code="import os", source="", backend="cuda", kind="cuda-graph"))

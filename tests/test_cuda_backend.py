@@ -358,3 +358,49 @@ def test_nvrtc_leaves_the_interpreter_intact(monkeypatch, isolated_user_cache):
     buf = io.BytesIO()
     torch.save(torch.zeros(32, 3), buf)
     assert torch.load(io.BytesIO(buf.getvalue())).shape == (32, 3)
+
+
+class _HostBound(torch.nn.Module):
+    """Forty small elementwise ops on a tiny tensor: all host time, the case a CUDA graph is for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.full((256,), 0.999))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):
+            x = torch.tanh(x * self.scale + 0.001)
+        return x
+
+
+@pytest.mark.cuda
+def test_gpu_cuda_graph_candidate_wins_host_bound_module_and_keeps_outputs(monkeypatch):
+    import metal_accel
+    from metal_accel.builtin_graph import GraphedOp
+    from metal_accel.dispatch import dispatcher_of, eager_only
+
+    monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
+    model, x = _HostBound().cuda().eval(), torch.randn(8, 256, device="cuda")
+    metal_accel.optimize(model, (x,), backend="cuda", progress=False)
+    rep = metal_accel.explain(model).modules[0]
+    assert rep.status == "graph" and rep.graph_us is not None and rep.graph_us < rep.eager_us, rep
+    op = next(iter(dispatcher_of(model).table.values()))
+    assert isinstance(op, GraphedOp)
+    x1, x2 = torch.randn_like(x), torch.randn_like(x)
+    with torch.inference_mode():
+        y1 = model(x1)
+        y2 = model(x2)  # a replay must not overwrite the output the caller still holds
+        with eager_only():
+            e1, e2 = model(x1), model(x2)
+    torch.testing.assert_close(y1, e1)
+    torch.testing.assert_close(y2, e2)
+    with torch.no_grad():  # outside inference mode too
+        torch.testing.assert_close(model(x1), e1)
+    captures = op.captures
+    model.scale = torch.nn.Parameter(torch.full((256,), 0.5, device="cuda"))  # new memory: re-captured
+    with torch.inference_mode():
+        y = model(x1)
+        with eager_only():
+            e = model(x1)
+    torch.testing.assert_close(y, e)
+    assert op.captures == captures + 1

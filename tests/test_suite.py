@@ -88,7 +88,7 @@ def test_summary_and_markdown():
     md = markdown(res)
     assert "L2_2_b" in md and "incorrect" in md and "1.41x vs eager" in md
     best = res.best_summary(2)  # every measured problem, attempted or not
-    assert best["measured"] == 3 and best["runs"] == {"kernel": 1, "compile": 0, "eager": 2}
+    assert best["measured"] == 3 and best["runs"] == {"kernel": 1, "compile": 0, "graph": 0, "eager": 2}
     assert abs(best["geomean_vs_eager"] - 2 ** (1 / 3)) < 1e-9 and best["min_vs_compile"] == 0.5
     assert "chosen best over all 3 measured problems" in md
 
