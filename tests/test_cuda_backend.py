@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metal_accel.backends import cuda as cb
-from metal_accel.backends.cuda_signature import ArgBinder, launch_dims, parse_cuda_kernels
+from metal_accel.backends.cuda_signature import ArgBinder, cooperative_dims, launch_dims, parse_cuda_kernels
 from metal_accel.bench import TimingRejected, compare_speed
 from metal_accel.errors import BackendUnavailableError, CompileError, KernelLaunchError
 
@@ -83,6 +83,53 @@ def test_launch_dims_threads_convention():
 def test_launch_dims_errors(kw, msg):
     with pytest.raises(KernelLaunchError, match=msg):
         launch_dims("k", **kw)
+
+
+def test_cooperative_dims_sizes_the_grid_to_the_resident_blocks():
+    asked = []
+
+    def resident(threads: int) -> int:  # a fake occupancy: 4 blocks per SM on 132 SMs
+        asked.append(threads)
+        return 4 * 132
+    assert cooperative_dims("k", block=256, resident=resident) == ((528, 1, 1), (256, 1, 1))
+    assert cooperative_dims("k", block=(16, 16), resident=resident) == ((528, 1, 1), (16, 16, 1))
+    assert asked == [256, 256]
+
+    def never(threads: int) -> int:
+        raise AssertionError("an explicit grid needs no occupancy query")
+    assert cooperative_dims("k", grid=(8,), block=(128,), resident=never) == ((8, 1, 1), (128, 1, 1))
+    assert cooperative_dims("k", grid=0, block=128, resident=never) is None
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"threads": 1024, "block": 256}, "not threads"),
+    ({"threads": 1024}, "not threads"),
+    ({"group_size": 256, "block": 256}, "not threads"),
+    ({}, "needs block"),
+    ({"grid": 4}, "needs block"),
+    ({"block": 2048}, "exceeds"),
+    ({"block": 0}, "positive"),
+    ({"grid": (1, 70000), "block": 32}, "exceeds"),
+])
+def test_cooperative_dims_errors(kw, msg):
+    with pytest.raises(KernelLaunchError, match=msg):
+        cooperative_dims("k", resident=lambda n: 132, **kw)
+
+
+def test_cooperative_dims_needs_a_resident_block():
+    with pytest.raises(KernelLaunchError, match="fits on a multiprocessor"):
+        cooperative_dims("k", block=1024, resident=lambda n: 0)
+
+
+def test_sandbox_accepts_cooperative_launches():
+    from metal_accel.sandbox import check_host_code
+    check_host_code("""
+def forward(module, x):
+    y = torch.empty_like(x)
+    lib.k(x, y, x.numel(), block=(512,), shared_mem=200000, cooperative=True)
+    lib.k(x, y, x.numel(), grid=(4,), block=(512,), cooperative=True)
+    return y
+""")
 
 
 # ---------------------------------------------------------------- argument binding (CPU tensors stand in)
@@ -303,6 +350,60 @@ def test_gpu_2d_half_and_large_shared_memory():
     out = torch.empty_like(v)
     lib.rev(v, out, n, grid=(1,), block=(256,), shared_mem=n * 4)
     torch.testing.assert_close(out, v.flip(0))
+
+
+COOPERATIVE = r"""
+#include <cooperative_groups.h>
+// y = x - mean(x): block sums, a grid-wide sync, then every block adds all block sums
+extern "C" __global__ void center(const float* __restrict__ x, float* part, float* __restrict__ y, int* blocks, int n) {
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    __shared__ float sh[32];
+    const int stride = gridDim.x * blockDim.x;
+    float s = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) s += x[i];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += sh[w];
+        part[blockIdx.x] = t;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *blocks = gridDim.x;
+    grid.sync();
+    float total = 0.0f;
+    for (int b = 0; b < (int)gridDim.x; ++b) total += __ldcg(part + b);
+    const float mean = total / n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = x[i] - mean;
+}
+"""
+
+
+@pytest.mark.cuda
+def test_gpu_cooperative_launch():
+    from metal_accel.backends import get_backend
+    lib = get_backend("cuda").compile(COOPERATIVE)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 1_000_003
+    x = torch.randn(n, device="cuda")
+    part = torch.empty(1 << 16, device="cuda")
+    y = torch.empty_like(x)
+    blocks = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lib.center(x, part, y, blocks, n, block=(256,), cooperative=True)  # grid: every block that fits at once
+    torch.testing.assert_close(y, x - x.mean(), atol=1e-4, rtol=1e-4)
+    resident = int(blocks.item())
+    assert resident >= sms and resident % sms == 0
+    lib.center(x, part, y, blocks, n, block=(256,), shared_mem=100_000, cooperative=True)  # opted in first
+    assert sms <= int(blocks.item()) <= 2 * sms
+    torch.testing.assert_close(y, x - x.mean(), atol=1e-4, rtol=1e-4)
+    y.zero_()
+    lib.center(x, part, y, blocks, n, grid=(3,), block=(128,), cooperative=True)
+    assert int(blocks.item()) == 3
+    torch.testing.assert_close(y, x - x.mean(), atol=1e-4, rtol=1e-4)
+    with pytest.raises(KernelLaunchError, match="holds at once"):
+        lib.center(x, part, y, blocks, n, grid=(resident * 4,), block=(256,), cooperative=True)
+    with pytest.raises(KernelLaunchError, match="not threads"):
+        lib.center(x, part, y, blocks, n, threads=n, group_size=256, cooperative=True)
 
 
 @pytest.mark.cuda

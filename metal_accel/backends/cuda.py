@@ -7,7 +7,8 @@ hold. Compiled artifacts (cubin for the device's architecture, PTX when NVRTC is
 GPU) are cached on disk by sha256 of source, architecture, NVRTC version, options and headers, so a
 warm start compiles nothing. Launch convention: `lib.k(*args, threads=N, group_size=G)` (grid =
 ceil(threads / group), 1 to 3 dimensions) or `lib.k(*args, grid=..., block=...)`, either with
-`shared_mem=bytes` of dynamic shared memory.
+`shared_mem=bytes` of dynamic shared memory; `lib.k(*args, block=..., cooperative=True)` is a
+cooperative launch (grid-wide sync) on as many blocks as the device holds at once.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .base import BoundKernels, Environment, os_description, torch_major_minor
 from . import cuda_nvrtc  # noqa: F401  (tests patch it through this module)
 from .cuda_nvrtc import (_bindings, _check, _header_digest, cache_key, nvrtc_available, nvrtc_compile,  # noqa: F401
                          nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
-from .cuda_signature import ArgBinder, CudaParam, launch_dims, parse_cuda_kernels
+from .cuda_signature import ArgBinder, CudaParam, cooperative_dims, launch_dims, parse_cuda_kernels
 
 LOCK_TIMEOUT_S = 600
 DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (cuFuncSetAttribute)
@@ -62,7 +63,9 @@ class _Loaded:
                               for n in names}
         self.handles = {n: int(f) for n, f in self.functions.items()}  # raw CUfunction pointers for ctypes
         self.ctx_handle = int(self.ctx)
+        self.device = device
         self.smem_optin: dict[str, int] = {}
+        self.resident: dict[tuple[str, int, int], int] = {}
 
     def ensure_smem(self, name: str, nbytes: int) -> None:
         if nbytes <= max(DEFAULT_SMEM_LIMIT, self.smem_optin.get(name, 0)):
@@ -75,13 +78,28 @@ class _Loaded:
             raise KernelLaunchError(f"kernel {name}: {nbytes} bytes of dynamic shared memory: {exc}") from None
         self.smem_optin[name] = nbytes
 
+    def resident_blocks(self, name: str, threads: int, shared_mem: int) -> int:
+        """Blocks of kernel NAME (THREADS each, SHARED_MEM dynamic bytes) the device runs at once."""
+        key = (name, threads, shared_mem)
+        got = self.resident.get(key)
+        if got is None:
+            _, driver = _bindings()
+            with torch.cuda.device(self.device):  # the query runs in the current context
+                per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.functions[name], threads,
+                                                                                   shared_mem),
+                                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            got = self.resident[key] = int(per_sm) * sms
+        return got
+
 
 CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
 
 
 @functools.cache
-def _libcuda() -> tuple[Callable[..., int], Callable[..., int]]:
-    """cuLaunchKernel and cuCtxSetCurrent of the driver, called through ctypes.
+def _libcuda() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
+    """cuLaunchKernel, cuCtxSetCurrent and cuLaunchCooperativeKernel of the driver, called through ctypes.
 
     Launches go through ctypes rather than cuda.bindings' wrapper: its argument conversion costs
     several microseconds a launch, which is the whole budget of a small fused kernel.
@@ -94,7 +112,10 @@ def _libcuda() -> tuple[Callable[..., int], Callable[..., int]]:
     set_ctx = lib.cuCtxSetCurrent
     set_ctx.argtypes = [ctypes.c_void_p]
     set_ctx.restype = ctypes.c_int
-    return launch, set_ctx
+    coop = lib.cuLaunchCooperativeKernel  # cuLaunchKernel's arguments without the trailing `extra`
+    coop.argtypes = launch.argtypes[:-1]
+    coop.restype = ctypes.c_int
+    return launch, set_ctx, coop
 
 
 def _raw_stream() -> Callable[[int], int]:
@@ -136,7 +157,9 @@ class CudaLibrary(BoundKernels):
         single_device = torch.cuda.is_available() and torch.cuda.device_count() == 1
 
         def launch(*args: Any, threads: Any = None, group_size: Any = None, grid: Any = None, block: Any = None,
-                   shared_mem: int = 0) -> None:
+                   shared_mem: int = 0, cooperative: bool = False) -> None:
+            if cooperative:
+                return launch_cooperative(args, threads, group_size, grid, block, shared_mem)
             key = (threads, group_size, grid, block)
             try:
                 dims = dims_cache[key]
@@ -163,7 +186,7 @@ class CudaLibrary(BoundKernels):
                 if shared_mem > DEFAULT_SMEM_LIMIT:
                     mod.ensure_smem(name, shared_mem)
             (gx, gy, gz), (bx, by, bz) = dims
-            cu_launch, set_ctx = _libcuda()  # cached: loaded on the first launch, not at compile time
+            cu_launch, set_ctx, _ = _libcuda()  # cached: loaded on the first launch, not at compile time
             fn = mod.handles[name]
             stream = raw_stream(device)
             err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
@@ -172,6 +195,37 @@ class CudaLibrary(BoundKernels):
                 err = cu_launch(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr, None)
             if err:
                 raise KernelLaunchError(f"kernel {name}: launch with grid {dims[0]}, block {dims[1]}, "
+                                        f"shared_mem {shared_mem} failed: CUresult {err}")
+
+        def launch_cooperative(args: tuple, threads: Any, group_size: Any, grid: Any, block: Any,
+                               shared_mem: int) -> None:
+            params_addr = binder.bind(args)
+            device = 0 if single_device else binder.device(args)
+            if device is None:
+                device = torch.cuda.current_device()
+            mod = loaded.get(device) or self.loaded(device)
+            if type(shared_mem) is not int or shared_mem < 0:
+                raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {shared_mem!r}")
+            if shared_mem > DEFAULT_SMEM_LIMIT:
+                mod.ensure_smem(name, shared_mem)  # before the occupancy query, which counts it
+            dims = cooperative_dims(name, threads=threads, group_size=group_size, grid=grid, block=block,
+                                    resident=lambda n: mod.resident_blocks(name, n, shared_mem))
+            if dims is None:
+                return
+            (gx, gy, gz), (bx, by, bz) = dims
+            _, set_ctx, coop = _libcuda()
+            fn, stream = mod.handles[name], raw_stream(device)
+            err = coop(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr)
+            if err == CUDA_ERROR_INVALID_CONTEXT:
+                set_ctx(mod.ctx_handle)
+                err = coop(fn, gx, gy, gz, bx, by, bz, shared_mem, stream, params_addr)
+            if err == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE:
+                most = mod.resident_blocks(name, bx * by * bz, shared_mem)
+                raise KernelLaunchError(f"kernel {name}: cooperative grid {dims[0]} is larger than the {most} blocks of "
+                                        f"{dims[1]} with shared_mem {shared_mem} the device holds at once; "
+                                        "leave out grid= to get that many")
+            if err:
+                raise KernelLaunchError(f"kernel {name}: cooperative launch with grid {dims[0]}, block {dims[1]}, "
                                         f"shared_mem {shared_mem} failed: CUresult {err}")
 
         launch.__name__ = name

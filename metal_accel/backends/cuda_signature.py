@@ -3,7 +3,8 @@
 Nothing here touches a GPU, so all of it is tested in CI: `parse_cuda_kernels` reads the
 `extern "C" __global__ void name(...)` kernels of a source; `bind_arguments` turns the Python
 arguments of `lib.name(*args)` into the C values cuLaunchKernel copies; `launch_dims` turns the
-`threads=..., group_size=...` convention (or an explicit grid/block) into grid and block.
+`threads=..., group_size=...` convention (or an explicit grid/block) into grid and block, and
+`cooperative_dims` sizes the grid of a cooperative launch to what the device holds at once.
 """
 from __future__ import annotations
 
@@ -190,6 +191,30 @@ def launch_dims(kernel: str, *, threads: Any = None, group_size: Any = None, gri
     if any(g == 0 for g in grid_d):
         return None
     return grid_d, block_d
+
+
+def cooperative_dims(kernel: str, *, threads: Any = None, group_size: Any = None, grid: Any = None,
+                     block: Any = None, resident: Callable[[int], int]) -> tuple[Dims, Dims] | None:
+    """(grid, block) of a cooperative launch (`cooperative=True`), or None when there is nothing to run.
+
+    `block` is required; `grid` as given, or without it every block the device holds at once:
+    `resident(threads_per_block)` (blocks per multiprocessor x multiprocessors), in x.
+    """
+    if threads is not None or group_size is not None:
+        raise KernelLaunchError(f"kernel {kernel}: a cooperative launch takes block= (and optionally grid=), "
+                                "not threads=/group_size=")
+    if block is None:
+        raise KernelLaunchError(f"kernel {kernel}: a cooperative launch needs block=")
+    if grid is not None:
+        return launch_dims(kernel, grid=grid, block=block)
+    dims = launch_dims(kernel, grid=1, block=block)
+    assert dims is not None
+    block_d = dims[1]
+    blocks = int(resident(block_d[0] * block_d[1] * block_d[2]))
+    if blocks < 1:
+        raise KernelLaunchError(f"kernel {kernel}: not one block of {block_d} fits on a multiprocessor with this "
+                                "shared memory and these registers; a cooperative launch needs one")
+    return (min(blocks, MAX_GRID[0]), 1, 1), block_d
 
 
 # ---------------------------------------------------------------- argument binding
