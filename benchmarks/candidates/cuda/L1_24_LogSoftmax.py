@@ -1,8 +1,12 @@
 """LogSoftmax over very long rows: eager runs one block per row; here each row is split into chunks.
 Stage 1: per chunk, its max and the sum of exp(x - chunk max). Stage 2: each chunk combines its row's
-partials (every block the same way) and writes x - max - log(sum). 2 reads + 1 write on every SM."""
+partials (every block the same way) and writes x - max - log(sum). 2 reads + 1 write on every SM.
+Rows of 64K to 464K floats (sm_90): one read and one write, through a cluster of 8 blocks per row
+(sm_cluster)."""
 SOURCE = r"""
 #include <cmath>
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
 extern "C" __global__ void __launch_bounds__(256) sm_partial(const float* __restrict__ x, float* __restrict__ part,
                                                             long long D, int chunk) {
     __shared__ float sh[8];
@@ -52,18 +56,101 @@ extern "C" __global__ void __launch_bounds__(256) sm_apply(const float* __restri
         y[row * D + i] = log_out ? v - lS : expf(v) / S;
     }
 }
+
+// Long rows (sm_90): a cluster of 8 blocks owns one row; each block keeps its eighth in shared memory,
+// the row's max and sum are combined over distributed shared memory. x is read from DRAM once.
+// every thread gets the block's reduction (max if is_max, else sum) of v
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = scratch[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
+    return v;
+}
+
+// a sum of exp(x - m) re-expressed as a sum of exp(x - M), M >= m; a NaN sum stays NaN
+__device__ __forceinline__ float rescaled(float s, float m, float M) {
+    return m == -INFINITY ? (s != s ? s : 0.0f) : s * expf(m - M);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024)
+sm_cluster(const float4* __restrict__ x, float4* __restrict__ y, long long D4, int slice4, int log_out) {
+    extern __shared__ float4 buf[];
+    __shared__ float scratch[32];
+    __shared__ float block_max, block_sum;
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
+    const long long row = blockIdx.x / 8;
+    const long long start = (long long)rank * slice4;
+    const int n = (int)max(0LL, min((long long)slice4, D4 - start));
+    const float4* xr = x + row * D4 + start;
+    // one pass while loading: the thread's running max m and sum s of exp(x - m), loads issued 4 ahead
+    float m = -INFINITY, s = 0.0f;
+    for (int base = 0; base < n; base += 4 * (int)blockDim.x) {
+        float4 v[4];
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int i = base + k * (int)blockDim.x + (int)threadIdx.x;
+            v[k] = i < n ? __ldcs(xr + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        }
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int i = base + k * (int)blockDim.x + (int)threadIdx.x;
+            if (i < n) buf[i] = v[k];
+            const float vm = fmaxf(fmaxf(v[k].x, v[k].y), fmaxf(v[k].z, v[k].w));
+            if (vm > m) { s *= expf(m - vm); m = vm; }
+            if (m != -INFINITY) s += (expf(v[k].x - m) + expf(v[k].y - m)) + (expf(v[k].z - m) + expf(v[k].w - m));
+            else if (v[k].x != v[k].x || v[k].y != v[k].y || v[k].z != v[k].z || v[k].w != v[k].w) s = NAN;  // as eager: NaN row
+        }
+    }
+    const float bm = block_reduce(m, true, scratch);
+    s = rescaled(s, m, bm);
+    s = block_reduce(s, false, scratch);
+    if (threadIdx.x == 0) { block_max = bm; block_sum = s; }
+    cluster.sync();
+    float M = -INFINITY;
+    for (unsigned r = 0; r < 8; ++r) M = fmaxf(M, *cluster.map_shared_rank(&block_max, r));
+    float S = 0.0f;
+    for (unsigned r = 0; r < 8; ++r) {
+        S += rescaled(*cluster.map_shared_rank(&block_sum, r), *cluster.map_shared_rank(&block_max, r), M);
+    }
+    cluster.sync();  // no block may exit while another still reads its shared memory
+    float4* yr = y + row * D4 + start;
+    const float lS = logf(S);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float4 v = buf[i];
+        float4 o;
+        if (log_out) {
+            o.x = (v.x - M) - lS; o.y = (v.y - M) - lS; o.z = (v.z - M) - lS; o.w = (v.w - M) - lS;
+        } else {
+            o.x = expf(v.x - M) / S; o.y = expf(v.y - M) / S; o.z = expf(v.z - M) / S; o.w = expf(v.w - M) / S;
+        }
+        __stcs(yr + i, o);
+    }
+}
 """
 SHAPE_GENERIC = True
 CHUNK = 16384
+CLUSTER = 8
+SMEM_LIMIT = 232192  # 227 KiB opt-in shared memory per block on sm_90, less the kernel's static arrays
 
 
 def forward(module, x):
     xc = x.contiguous()
     assert xc.dim() == 2 and module.dim in (1, -1)
     rows, D = xc.shape[0], xc.shape[1]
+    y = torch.empty_like(xc)
+    slice4 = (D // 4 + CLUSTER - 1) // CLUSTER
+    if D % 4 == 0 and D >= 65536 and slice4 * 16 <= SMEM_LIMIT:
+        lib.sm_cluster(xc, y, D // 4, slice4, 1, grid=(rows * CLUSTER,), block=(1024,), shared_mem=slice4 * 16)
+        return y
     chunks = (D + CHUNK - 1) // CHUNK
     part = torch.empty(rows * chunks * 2, dtype=torch.float32, device=xc.device)
-    y = torch.empty_like(xc)
     lib.sm_partial(xc, part, D, CHUNK, grid=(chunks, rows), block=(256,))
     lib.sm_apply(xc, part, y, D, CHUNK, 1, grid=(chunks, rows), block=(256,))
     return y
