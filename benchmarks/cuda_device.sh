@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md):
-#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth sweep blocks bench
+#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap sweep blocks bench
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
 # DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
@@ -30,6 +30,9 @@ for step in "$@"; do
     bandwidth)  # DRAM bandwidth of the memory-bound kernels against a copy (benchmarks/cuda_bandwidth.py)
       python3 benchmarks/cuda_bandwidth.py --mb ${BW_MB:-512} --problems "$PROBLEMS" --json "$OUT/bandwidth.json" 2>&1 \
         | grep -v Warning | tee "$OUT/bandwidth.txt" ;;
+    gap)  # installed torch.compile vs whole-model compile vs CUDA graph (benchmarks/compile_gap.py)
+      python3 benchmarks/compile_gap.py --problems "$PROBLEMS" --level ${GAP_LEVEL:-2} --ids ${GAP_IDS:-25 32 44 49} \
+        --json "$OUT/gap.json" 2>&1 | grep -v Warning | tee "$OUT/gap.txt" | grep -E "^L[0-9]|Error" ;;
     sweep)  # every candidate through the pipeline at small sizes, no torch.compile: finds the broken ones fast
       METAL_ACCEL_USER_CACHE=$(mktemp -d) metal-accel bench "$PROBLEMS" --provider dir:benchmarks/candidates --attempted-only \
         --max-tensor-mb ${SWEEP_MB:-32} --no-compile --budget 0.3 --bench-budget 0.3 --timeout 40 --out "$OUT/sweep" \
