@@ -65,7 +65,7 @@ class SuiteResult:
             "installed": sum(r.status == "kernel" for r in rows),
             "installed_compile": sum(r.status == "compile" for r in rows),
             "installed_graph": sum(r.status == "graph" for r in rows),
-            "outpaced_by_compile": sum(r.status == "compile" and any(not o.startswith("builtin:") for o in r.outpaced)
+            "outpaced_by_compile": sum(r.status in ("compile", "graph") and any(not o.startswith("builtin:") for o in r.outpaced)
                                        for r in rows),
             "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
                                                for r in rows) / len(rows) if rows else None,

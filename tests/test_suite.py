@@ -148,6 +148,8 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
     assert _candidate_correct(row) is True
     res = SuiteResult([row], {}, None)
     assert res.summary()["outpaced_by_compile"] == 1
+    row.status = "graph"  # the same compile replayed as a CUDA graph
+    assert _candidate_correct(row) is True and res.summary()["outpaced_by_compile"] == 1
     row.outpaced = []
     assert _candidate_correct(row) is False
 
