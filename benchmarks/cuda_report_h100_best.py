@@ -43,9 +43,10 @@ Raw results: docs/cuda/h100_l2_best_run*.json, h100_bandwidth_run*.json.
 """
 
 
-def rows() -> list[dict]:
+def rows(runs: tuple[str, ...] = RUNS) -> list[dict]:
+    """The rows of RUNS (later runs replace earlier rows of the same problem), by problem id."""
     out: dict[str, dict] = {}
-    for name in RUNS:
+    for name in runs:
         path = DATA / name
         if path.exists():
             for r in json.loads(path.read_text())["rows"]:
@@ -116,15 +117,15 @@ def per_problem(rs: list[dict]) -> list[str]:
     return out
 
 
-def bandwidth() -> list[str]:
+def bandwidth(names: tuple[str, ...] = BANDWIDTH, first: int = 1) -> list[str]:
     out = ["### DRAM bandwidth of the memory-bound kernels (`python benchmarks/cuda_bandwidth.py --mb 512`)\n",
            "Each kernel at a size where its largest tensor is about 512 MB, many calls back to back between two "
            "CUDA events (the kernels' throughput: the host's per-call cost overlaps the GPU's work), bytes = every "
            "input, output and parameter once, against a device-to-device copy of 512 MB in the same run. Each "
            "kernel's output was checked against eager first.\n"]
-    runs = [json.loads((DATA / n).read_text()) for n in BANDWIDTH if (DATA / n).exists()]
-    head = "| kernel | MB moved | eager us | " + " | ".join(f"run {i + 1} kernel us | run {i + 1} kernel % of copy"
-                                                           for i in range(len(runs)))
+    runs = [json.loads((DATA / n).read_text()) for n in names if (DATA / n).exists()]
+    head = "| kernel | MB moved | eager us | " + " | ".join(f"run {i} kernel us | run {i} kernel % of copy"
+                                                           for i in range(first, first + len(runs)))
     out += [head + " | eager % of copy |", "|---" * (3 + 2 * len(runs) + 1) + "|"]
     for row in runs[0]["rows"]:
         cells = [row["kernel"], fmt(row.get("mbytes"), ".0f"), fmt(row.get("eager_us"), ".1f")]
@@ -134,7 +135,7 @@ def bandwidth() -> list[str]:
                       f"{other['kernel_frac']:.0%}" if "kernel_frac" in other else other.get("error", "–")[:60]]
         cells.append(f"{row['eager_frac']:.0%}" if "eager_frac" in row else "–")
         out.append("| " + " | ".join(cells) + " |")
-    out.append("\nCopy bandwidth: " + ", ".join(f"run {i + 1} {r['copy_gbs']:.0f} GB/s" for i, r in enumerate(runs))
+    out.append("\nCopy bandwidth: " + ", ".join(f"run {i} {r['copy_gbs']:.0f} GB/s" for i, r in enumerate(runs, first))
                + ".\n")
     return out
 
