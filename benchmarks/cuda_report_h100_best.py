@@ -158,22 +158,24 @@ def body() -> str:
     return "\n".join(parts)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def render(doc: str, text: str, section: str, title: str, command: str, env_file: str, date: str) -> int:
+    """Print TEXT (--no-write) or write it as SECTION of docs/benchmarks.md, machine read from ENV_FILE."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/benchmarks.md")
-    args = ap.parse_args()
-    text = body()
-    if args.no_write:
+    if ap.parse_args().no_write:
         print(text)
         return 0
-    env = (DATA / "h100_env_run4.txt").read_text().splitlines()
+    env = (DATA / env_file).read_text().splitlines()
     from _docs import write_section
-    write_section("cuda_h100_best", "CUDA on an NVIDIA H100: KernelBench level 2, best of eager / torch.compile / "
-                  "kernels; DRAM bandwidth", "bash benchmarks/cuda_device.sh setup tests bandwidth blocks bench  "
-                  "(then python benchmarks/cuda_report_h100_best.py)", text,
-                  machine_text=f"{env[1]} (name, driver, memory, max SM clock), torch 2.11.0+cu130; the device "
-                  "tool's nvidia-h100-x1 machine", date="2026-11-22")
+    write_section(section, title, command, text, date=date, machine_text=f"{env[1]} (name, driver, memory, max SM "
+                  "clock), torch 2.11.0+cu130; the device tool's nvidia-h100-x1 machine")
     return 0
+
+
+def main() -> int:
+    return render(__doc__, body(), "cuda_h100_best", "CUDA on an NVIDIA H100: KernelBench level 2, best of eager / "
+                  "torch.compile / kernels; DRAM bandwidth", "bash benchmarks/cuda_device.sh setup tests bandwidth "
+                  "blocks bench  (then python benchmarks/cuda_report_h100_best.py)", "h100_env_run4.txt", "2026-11-22")
 
 
 if __name__ == "__main__":

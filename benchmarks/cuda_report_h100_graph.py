@@ -9,7 +9,6 @@ h100_bandwidth_run3..5.json (benchmarks/cuda_bandwidth.py), h100_gap_run1.txt (b
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cuda_report import DATA, fmt, geo  # noqa: E402
-from cuda_report_h100_best import bandwidth, per_problem, rows, targets  # noqa: E402
+from cuda_report_h100_best import bandwidth, per_problem, render, rows, targets  # noqa: E402
 
 L2_RUNS = tuple(f"h100_l2_graph_run{i}.json" for i in range(6, 11))
 L1_RUNS = ("h100_l1_graph_run11.json", "h100_l1_graph_run12.json")
@@ -112,22 +111,10 @@ def body() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/benchmarks.md")
-    args = ap.parse_args()
-    text = body()
-    if args.no_write:
-        print(text)
-        return 0
-    env = (DATA / "h100_env_run6.txt").read_text().splitlines()
-    from _docs import write_section
-    write_section("cuda_h100_graph", "CUDA on an NVIDIA H100: best of eager / torch.compile / CUDA graph / kernels "
-                  "(levels 1-3); DRAM bandwidth of the long-row kernels",
-                  "bash benchmarks/cuda_device.sh setup tests bandwidth gap bench  (then python "
-                  "benchmarks/cuda_report_h100_graph.py)", text,
-                  machine_text=f"{env[1]} (name, driver, memory, max SM clock), torch 2.11.0+cu130; the device "
-                  "tool's nvidia-h100-x1 machine", date="2026-11-24")
-    return 0
+    return render(__doc__, body(), "cuda_h100_graph", "CUDA on an NVIDIA H100: best of eager / torch.compile / CUDA "
+                  "graph / kernels (levels 1-3); DRAM bandwidth of the long-row kernels", "bash "
+                  "benchmarks/cuda_device.sh setup tests bandwidth gap bench  (then python "
+                  "benchmarks/cuda_report_h100_graph.py)", "h100_env_run6.txt", "2026-11-24")
 
 
 if __name__ == "__main__":
