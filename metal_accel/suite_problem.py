@@ -88,6 +88,39 @@ def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None
         batch = max(1, batch // 2)
 
 
+STATE_SHARE = 8  # the bench holds about four copies of the weights: the model, compile's twin, a float64 reference
+
+
+def state_mb(problem: Problem) -> float | None:
+    """MB of the problem model's parameters and buffers, built on the meta device (None: unknown)."""
+    module = problem.load()
+    try:
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+    except Exception:
+        return None
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 1e6
+
+
+def device_memory_mb(device: str) -> float:
+    """The memory of DEVICE (the first GPU for "cuda", physical memory otherwise), in MB."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 1e6
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no limit
+        return math.inf
+
+
+def too_heavy(problem: Problem, device: str) -> str | None:
+    """Why the problem's weights are too large for the bench on DEVICE, or None."""
+    weights, limit = state_mb(problem), device_memory_mb(device) / STATE_SHARE
+    if weights is None or weights <= limit:
+        return None
+    return (f"its parameters and buffers ({weights:.0f} MB) exceed 1/{STATE_SHARE} of the {device} memory "
+            f"({limit:.0f} MB): the bench would hold about four copies of them")
+
+
 def largest_tensor_mb(problem: Problem) -> float | None:
     """The largest input or output of the problem at its current batch_size, in MB (None: unknown)."""
     try:
@@ -160,6 +193,11 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.status = "skipped"
         row.reason = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
                       f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
+        row.seconds = time.perf_counter() - t_start
+        return row
+    heavy = too_heavy(problem, device)
+    if heavy is not None:
+        row.status, row.reason = "skipped", heavy
         row.seconds = time.perf_counter() - t_start
         return row
     model, inputs = problem.instantiate(device, seed)

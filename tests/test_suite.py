@@ -154,6 +154,19 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
     assert _candidate_correct(row) is False
 
 
+def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monkeypatch):
+    import metal_accel.suite_problem as sp
+    heavy = PROBLEM.replace("self.scale = scale", "self.scale = scale\n        self.proj = nn.Linear(1024, 1024)")
+    (tmp_path / "9_Heavy.py").write_text(heavy)
+    (p,) = load_problems(tmp_path / "9_Heavy.py")
+    assert sp.state_mb(p) == pytest.approx((1024 * 1024 + 1024) * 4 / 1e6)
+    assert sp.too_heavy(p, "cpu") is None  # 4 MB of weights: far below an eighth of any machine's memory
+    monkeypatch.setattr(sp, "device_memory_mb", lambda device: 16.0)
+    row = sp.run_problem(p, [], backend="cpu", device="cpu")
+    assert row.status == "skipped" and row.eager_us is None
+    assert "parameters and buffers (4 MB) exceed 1/8 of the cpu memory (2 MB)" in row.reason
+
+
 def test_a_problem_too_large_for_the_cap_is_skipped_not_run(tmp_path):
     from metal_accel.suite_problem import run_problem
     big = PROBLEM.replace("batch_size = 64\n", "").replace("torch.randn(batch_size, dim)", "torch.randn(1024, dim)")
