@@ -130,6 +130,28 @@ def test_bench_accepts_a_clear_win_and_rejects_a_loss():
     assert not tie.accepted
 
 
+def test_the_gate_bounds_the_median_pair_not_the_quartile():
+    from metal_accel.bench import median_lower_bound
+    assert median_lower_bound(list(range(30))) == 8  # about the 27th percentile of 30 pairs
+    assert median_lower_bound(list(range(500))) == 223  # about the 45th of 500
+    # a clear win with a noisy quarter of pairs (the kernel slower in 30% of them) passes the bound ...
+    ratios = [0.8] * 150 + [1.4] * 350
+    assert median_lower_bound(ratios) == 1.4
+    # ... a coin flip does not
+    assert median_lower_bound([0.9, 1.1] * 250) == 0.9
+
+
+def test_bench_rejects_a_median_win_that_the_pairs_do_not_show():
+    import itertools
+    # eager alternates 4 ms and 1 ms, the kernel takes 1.9 ms: the medians say 1.3x, but the kernel
+    # wins only the half of the pairs where eager was slow
+    e_cycle = itertools.cycle([0.004, 0.001])
+    res = compare_speed(lambda: time.sleep(next(e_cycle)), _sleeper(0.0019), [((), {})],
+                        min_reps=40, max_reps=40, warmup=0)
+    assert res.speedup > 1.05 and res.ratio_low < 1.0 and not res.accepted, res
+    assert "within noise" in res.reason
+
+
 def test_special_values_must_match_eager_nan_inf_masks():
     def relu_eager(x):
         return torch.relu(x)
