@@ -53,6 +53,8 @@ def main() -> int:
     if not args.no_write:
         from _docs import write_section
         section = "kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}"
+        if not args.ids.startswith("1-"):  # a later range of the level: a section of its own
+            section += f"_{args.ids}"
         write_section(section, f"CPU: KernelBench level {args.level} (problems {args.ids}), "
                       "best of eager / torch.compile / kernels", "python benchmarks/kernelbench_cpu.py "
                       f"--level {args.level} --ids {args.ids} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
