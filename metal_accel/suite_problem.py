@@ -189,15 +189,13 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     be = get_backend(backend)
     row.batch_original, row.batch = fit_batch(problem, max_tensor_mb)
     largest = largest_tensor_mb(problem)
+    skip = None
     if max_tensor_mb is not None and largest is not None and largest > max_tensor_mb:
-        row.status = "skipped"
-        row.reason = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
-                      f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
-        row.seconds = time.perf_counter() - t_start
-        return row
-    heavy = too_heavy(problem, device)
-    if heavy is not None:
-        row.status, row.reason = "skipped", heavy
+        skip = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
+                f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
+    skip = skip or too_heavy(problem, device)
+    if skip is not None:
+        row.status, row.reason = "skipped", skip
         row.seconds = time.perf_counter() - t_start
         return row
     model, inputs = problem.instantiate(device, seed)
