@@ -30,7 +30,7 @@ from metal_accel.builtin_compile import CompiledOp  # noqa: E402
 from metal_accel.dispatch import eager_only  # noqa: E402
 from metal_accel.problems import load_problems  # noqa: E402
 from metal_accel.prove import backend_timer  # noqa: E402
-from metal_accel.suite_problem import fit_batch, problem_key, side_by_side  # noqa: E402
+from metal_accel.suite_problem import fit_batch, input_sets, problem_key, side_by_side  # noqa: E402
 
 
 def variants(model: torch.nn.Module, inputs: tuple, backend: str) -> tuple[dict[str, Callable[..., Any]], str]:
@@ -73,9 +73,7 @@ def main() -> None:
             continue
         _, batch = fit_batch(p, args.max_tensor_mb)
         model, inputs = p.instantiate(device, 0)
-        module = p.load()
-        sets = [inputs] + [tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs())
-                           for _ in range(2)]
+        sets = input_sets(p, inputs, device)
         fns, status = variants(model, inputs, args.backend)
         with torch.inference_mode():
             med = side_by_side(fns, sets, be.synchronize, backend_timer(be), args.budget)

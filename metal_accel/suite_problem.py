@@ -157,6 +157,13 @@ def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sy
     return {n: statistics.median(t) if t else float("nan") for n, t in times.items()}
 
 
+def input_sets(problem: Problem, inputs: tuple, device: torch.device | str, fresh: int = 2) -> list[tuple]:
+    """INPUTS and FRESH more input sets from the problem's `get_inputs()`, on DEVICE."""
+    module = problem.load()
+    return [inputs] + [tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs())
+                       for _ in range(fresh)]
+
+
 def _flops(model: torch.nn.Module, inputs: tuple) -> float:
     from torch.utils.flop_counter import FlopCounterMode
     try:
@@ -201,9 +208,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     model, inputs = problem.instantiate(device, seed)
     provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
     row.attempted = any(p.files(backend) for p in provs)
-    module = problem.load()
-    sets = [inputs] + [tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in module.get_inputs())
-                       for _ in range(2)]
+    sets = input_sets(problem, inputs, device)
     row.flops = _flops(model, inputs)
     with torch.inference_mode():
         ref = model(*sets[1])
