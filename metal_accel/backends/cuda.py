@@ -67,7 +67,10 @@ class _Loaded:
         self.smem_optin: dict[str, int] = {}
         self.resident: dict[tuple[str, int, int], int] = {}
 
-    def ensure_smem(self, name: str, nbytes: int) -> None:
+    def ensure_smem(self, name: str, nbytes: Any) -> None:
+        """Check a launch's `shared_mem` and opt kernel NAME in above the default 48 KB."""
+        if type(nbytes) is not int or nbytes < 0:
+            raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {nbytes!r}")
         if nbytes <= max(DEFAULT_SMEM_LIMIT, self.smem_optin.get(name, 0)):
             return
         _, driver = _bindings()
@@ -181,10 +184,7 @@ class CudaLibrary(BoundKernels):
                     device = torch.cuda.current_device()
             mod = loaded.get(device) or self.loaded(device)
             if shared_mem:
-                if type(shared_mem) is not int or shared_mem < 0:
-                    raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {shared_mem!r}")
-                if shared_mem > DEFAULT_SMEM_LIMIT:
-                    mod.ensure_smem(name, shared_mem)
+                mod.ensure_smem(name, shared_mem)
             (gx, gy, gz), (bx, by, bz) = dims
             cu_launch, set_ctx, _ = _libcuda()  # cached: loaded on the first launch, not at compile time
             fn = mod.handles[name]
@@ -204,10 +204,7 @@ class CudaLibrary(BoundKernels):
             if device is None:
                 device = torch.cuda.current_device()
             mod = loaded.get(device) or self.loaded(device)
-            if type(shared_mem) is not int or shared_mem < 0:
-                raise KernelLaunchError(f"kernel {name}: shared_mem must be a non-negative int, got {shared_mem!r}")
-            if shared_mem > DEFAULT_SMEM_LIMIT:
-                mod.ensure_smem(name, shared_mem)  # before the occupancy query, which counts it
+            mod.ensure_smem(name, shared_mem)  # before the occupancy query, which counts it
             dims = cooperative_dims(name, threads=threads, group_size=group_size, grid=grid, block=block,
                                     resident=lambda n: mod.resident_blocks(name, n, shared_mem))
             if dims is None:
