@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md):
-#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap sweep blocks bench
+#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
 # DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
@@ -33,6 +33,9 @@ for step in "$@"; do
     gap)  # installed torch.compile vs whole-model compile vs CUDA graph (benchmarks/compile_gap.py)
       python3 benchmarks/compile_gap.py --problems "$PROBLEMS" --level ${GAP_LEVEL:-2} --ids ${GAP_IDS:-25 32 44 49} \
         --json "$OUT/gap.json" 2>&1 | grep -v Warning | tee "$OUT/gap.txt" | grep -E "^L[0-9]|Error" ;;
+    kgap)  # a kernel candidate's GPU time against its host time, plain and replayed as a CUDA graph (benchmarks/kernel_gap.py)
+      python3 benchmarks/kernel_gap.py --problems "$PROBLEMS" --level ${GAP_LEVEL:-2} --ids ${GAP_IDS:-31 32} \
+        --json "$OUT/kgap.json" 2>&1 | grep -v Warning | tee "$OUT/kgap.txt" | grep -E "^L[0-9]|Error" ;;
     sweep)  # every candidate through the pipeline at small sizes, no torch.compile: finds the broken ones fast
       METAL_ACCEL_USER_CACHE=$(mktemp -d) metal-accel bench "$PROBLEMS" --provider dir:benchmarks/candidates --attempted-only \
         --max-tensor-mb ${SWEEP_MB:-32} --no-compile --budget 0.3 --bench-budget 0.3 --timeout 40 --out "$OUT/sweep" \

@@ -21,7 +21,8 @@ WARMUP_CALLS = 2  # on a side stream before capture, as torch.cuda.graphs' docum
 
 
 class GraphedOp:
-    """Dispatcher-compatible op: `compiled` (a CompiledOp) captured into a CUDA graph on first call."""
+    """Dispatcher-compatible op: `compiled` (a CompiledOp or a KernelOp) captured into a CUDA graph on
+    first call; the module's state tensors are passed to it as the dispatcher would."""
 
     def __init__(self, compiled: Any, module: torch.nn.Module) -> None:
         self.name = compiled.name
@@ -36,9 +37,10 @@ class GraphedOp:
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
         with self._lock:
-            ptrs = [t.data_ptr() for t in self._layout.gather()]
+            live = self._layout.gather()
+            ptrs = [t.data_ptr() for t in live]
             if self._graph is None or ptrs != self._ptrs:
-                self._capture(args, kwargs, ptrs)
+                self._capture(args, kwargs, live, ptrs)
             tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             if len(tensors) != len(self._inputs):
                 raise RuntimeError(f"{self.name}: called with {len(tensors)} tensors, captured with {len(self._inputs)}")
@@ -48,7 +50,11 @@ class GraphedOp:
             self._graph.replay()
             return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self._out)
 
-    def _capture(self, args: tuple, kwargs: dict, ptrs: list[int]) -> None:
+    def state(self) -> list[torch.Tensor]:
+        """The wrapped module's state tensors, as the dispatcher passes them."""
+        return self._layout.gather()
+
+    def _capture(self, args: tuple, kwargs: dict, state: list[torch.Tensor], ptrs: list[int]) -> None:
         self._graph = None
         with torch.inference_mode(False):  # static buffers any later call may write into, in any mode
             static_args, static_kwargs = tree_map(_static_copy, (args, kwargs))
@@ -57,11 +63,11 @@ class GraphedOp:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS):
-                self._compiled(static_args, static_kwargs, [])
+                self._compiled(static_args, static_kwargs, state)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._out = self._compiled(static_args, static_kwargs, [])
+            self._out = self._compiled(static_args, static_kwargs, state)
         self._graph, self._ptrs = graph, ptrs
         self.captures += 1
 

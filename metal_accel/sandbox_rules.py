@@ -22,8 +22,10 @@ _FUNCTIONAL = ("linear", "relu", "gelu", "silu", "softmax", "scaled_dot_product_
                "embedding", "group_norm", "layer_norm", "batch_norm", "conv1d", "conv2d", "conv3d",
                "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 
+_MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+
 TORCH_ALLOWED: frozenset[str] = frozenset(
-    [f"torch.{n}" for n in _CREATION + _TORCH_MATH + _DTYPES + ("Size",)]
+    [f"torch.{n}" for n in _CREATION + _TORCH_MATH + _DTYPES + _MEMORY_FORMATS + ("Size",)]
     + [f"torch.nn.functional.{n}" for n in _FUNCTIONAL])
 
 MATH_ALLOWED: frozenset[str] = frozenset(

@@ -2,8 +2,11 @@
 
     python benchmarks/candidates/gen_cuda_epilogues.py      # rewrites benchmarks/candidates/cuda/<name>.py
 
-Each candidate runs the main op (cuDNN/cuBLAS through F.conv*/F.linear, exactly as eager does)
-and then ONE fused epilogue kernel instead of eager's chain of elementwise kernels. The epilogue
+Each candidate runs the main op (cuDNN/cuBLAS through F.conv*/F.linear) and then ONE fused epilogue
+kernel instead of eager's chain of elementwise kernels. A convolution runs channels-last (NHWC), where
+cuDNN's tensor-core kernels were 1.1-2.6x faster than the NCHW ones eager gets on 42 of the 45 level-2
+convolutions on the H100 (docs/cuda/h100_conv_layout_run1.txt; the losers had 8 input channels, hence
+the rule below), and the epilogue transposes back to NCHW through shared memory as it writes. The epilogue
 reproduces PyTorch's CUDA formulas op by op (same order, NaN-propagating clamp/min/relu, exact
 erf GELU), so it also matches on NaN/Inf inputs. The tensor is seen as P planes of L elements:
 per-channel parameters are indexed by plane (conv outputs) or by column (linear outputs).
@@ -54,6 +57,28 @@ extern "C" __global__ void __launch_bounds__(256) epi_v4(const float* __restrict
     }}
 }}
 
+// y channels-last, viewed as N x S x C (S spatial positions); out N x C x S. One 32 x 32 tile of
+// (position, channel) per block, read along C and written along S.
+extern "C" __global__ void __launch_bounds__(256) epi_cl(const float* __restrict__ y, const float* __restrict__ aux,
+        float* __restrict__ out{param_decl}{scalar_decl}, int S, int C, int has_aux) {{
+    __shared__ float tile[32][33];
+    const long long nb = (long long)blockIdx.z * S * C;
+    const int s0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += 8) {{
+        const int s = s0 + i, c = c0 + threadIdx.x;
+        if (s < S && c < C) tile[i][threadIdx.x] = y[nb + (long long)s * C + c];
+    }}
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {{
+        const int c = c0 + i, s = s0 + threadIdx.x;
+        if (s < S && c < C) {{
+            const long long o = nb + (long long)c * S + s;
+            const float a = has_aux ? aux[o] : 0.0f;
+            out[o] = epi_op(tile[threadIdx.x][i], c, a{param_pass}{scalar_pass});
+        }}
+    }}
+}}
+
 extern "C" __global__ void __launch_bounds__(256) epi_v1(const float* __restrict__ y, const float* __restrict__ aux,
         float* __restrict__ out{param_decl}{scalar_decl}, int P, int L, int C, int has_aux) {{
     for (int p = blockIdx.y; p < P; p += gridDim.y) {{
@@ -69,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(256) epi_v1(const float* __restrict
 HOST = '''
 
 def forward(module, {inputs}):
-{main}
+{main}{channels_last}
     P = {planes}
     L = y.numel() // max(P, 1)
     out = torch.empty_like(y)
@@ -83,14 +108,31 @@ def forward(module, {inputs}):
     return out
 '''
 
+# conv mains: channels-last when it pays (3-D always, 2-D from 16 input channels), the NHWC epilogue when
+# cuDNN returned channels-last (it may not, e.g. for one output channel); else the plain path on NCHW.
+CHANNELS_LAST = '''
+    n_out, c_out = y.shape[0], y.shape[1]
+    s_out = y.numel() // max(n_out * c_out, 1)
+    if nhwc and c_out > 1 and n_out <= 65535 and y.is_contiguous(memory_format=fmt):
+        out = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+        yn = y.permute(0, 2, 3, 1) if y.dim() == 4 else y.permute(0, 2, 3, 4, 1)
+        lib.epi_cl(yn, {aux}, out{param_host}{scalar_host}, s_out, c_out, {has_aux}, grid=((s_out + 31) // 32, (c_out + 31) // 32, n_out), block=(32, 8))
+        return out
+    y = y.contiguous()'''
+
+LAYOUT = ("    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d\n"
+          "    nhwc = x.dim() == 5 or x.shape[1] >= 16\n"
+          "    xin = x.contiguous(memory_format=fmt) if nhwc else x\n"
+          "    w = module.{m}.weight.contiguous(memory_format=fmt) if nhwc else module.{m}.weight\n")
+
 MAIN = {
-    "conv2d": "    y = F.conv2d(x, module.{m}.weight, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
+    "conv2d": LAYOUT + "    y = F.conv2d(xin, w, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
               "module.{m}.dilation, module.{m}.groups)",
-    "conv3d": "    y = F.conv3d(x, module.{m}.weight, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
+    "conv3d": LAYOUT + "    y = F.conv3d(xin, w, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
               "module.{m}.dilation, module.{m}.groups)",
-    "conv_transpose2d": "    y = F.conv_transpose2d(x, module.{m}.weight, module.{m}.bias, module.{m}.stride, "
+    "conv_transpose2d": LAYOUT + "    y = F.conv_transpose2d(xin, w, module.{m}.bias, module.{m}.stride, "
                         "module.{m}.padding, module.{m}.output_padding, module.{m}.groups, module.{m}.dilation)",
-    "conv_transpose3d": "    y = F.conv_transpose3d(x, module.{m}.weight, module.{m}.bias, module.{m}.stride, "
+    "conv_transpose3d": LAYOUT + "    y = F.conv_transpose3d(xin, w, module.{m}.bias, module.{m}.stride, "
                         "module.{m}.padding, module.{m}.output_padding, module.{m}.groups, module.{m}.dilation)",
     "linear": "    y = F.linear(x, module.{m}.weight, module.{m}.bias)",
 }
@@ -153,18 +195,26 @@ def render(name: str, spec: tuple) -> str:
         param_pass="".join(f", {p}" for p, _ in params), scalar_pass="".join(f", {s}" for s, _ in scalars),
         cidx=cidx, cidx0="l" if per_col else "c", cidx1="l + 1" if per_col else "c",
         cidx2="l + 2" if per_col else "c", cidx3="l + 3" if per_col else "c")
+    if per_col:  # a linear output has no channels-last layout
+        kernel = kernel[:kernel.index("// y channels-last")] + kernel[kernel.index('extern "C" __global__ void __launch_bounds__(256) epi_v1('):]
     kernel = kernel.replace("for (int p = blockIdx.y; p < P; p += gridDim.y) {\n",
                             "for (int p = blockIdx.y; p < P; p += gridDim.y) {\n        const int c = " +
                             ("0; (void)c;\n" if per_col else "p % C;\n"))
     aux_input = name == "ConvTranspose3d_Add_HardSwish"
+    aux = "add_input.contiguous()" if aux_input else "y"
+    aux_cl = "add_input.contiguous()" if aux_input else "yn"  # no aux: any contiguous tensor, never read
+    param_host = "".join(f", {h}" for _, h in params)
+    scalar_host = "".join(f", {h}" for _, h in scalars)
     host = HOST.format(
         inputs="x, add_input" if aux_input else "x",
         main=MAIN[main].format(m=sub),
+        channels_last="" if per_col else CHANNELS_LAST.format(
+            aux=aux_cl, param_host=param_host, scalar_host=scalar_host, has_aux=1 if aux_input else 0),
         planes="y.shape[0]" if per_col else "y.shape[0] * y.shape[1]",
-        aux="add_input.contiguous()" if aux_input else "y",
-        param_host="".join(f", {h}" for _, h in params), scalar_host="".join(f", {h}" for _, h in scalars),
+        aux=aux, param_host=param_host, scalar_host=scalar_host,
         channels="y.shape[1]" if not per_col else "1", has_aux=1 if aux_input else 0)
-    doc = (f'"""{name}: {main} through PyTorch (cuDNN/cuBLAS, as eager), then one fused epilogue kernel.\n'
+    how = "cuBLAS, as eager" if per_col else "cuDNN, channels-last"
+    doc = (f'"""{name}: {main} through PyTorch ({how}), then one fused epilogue kernel.\n'
            f'Generated by benchmarks/candidates/gen_cuda_epilogues.py."""\n')
     return doc + 'SOURCE = r"""\n#include <cstdint>\n' + HELPERS + KERNELS_HEAD + kernel + '"""' + HOST_HEAD + host
 
