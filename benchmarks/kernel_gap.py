@@ -9,7 +9,8 @@ against the wall clock, as the bench times):
   eager_graph    that eager forward captured into a CUDA graph (GraphedOp: inputs copied in, outputs cloned)
   kernel         the candidate installed on a copy of the model (dispatcher + custom op), no speed gate
   kernel_graph   the candidate's op replayed as a CUDA graph (GraphedOp)
-and, from torch.profiler, the GPU time per call of eager's and the kernel's device work (`*_gpu_us`).
+and, from torch.profiler, the GPU time per call of eager's and the kernel's device work (`*_gpu_us`), with
+their four longest GPU kernels (`*_top`).
 The timed minus the GPU time is what the host adds; the graph variants show how much of it a replay removes.
 """
 from __future__ import annotations
@@ -50,8 +51,9 @@ class EagerOp:
         return self._forward(*args, **kwargs)
 
 
-def gpu_us(fn: Callable[..., Any], args: tuple, calls: int = 20) -> float:
-    """Device time per call summed over the GPU kernels and copies torch.profiler sees."""
+def gpu_us(fn: Callable[..., Any], args: tuple, calls: int = 20) -> tuple[float, str]:
+    """Device time per call summed over the GPU kernels and copies torch.profiler sees, and the top
+    four of them (name and microseconds per call)."""
     from torch.profiler import ProfilerActivity, profile
     fn(*args)
     torch.cuda.synchronize()
@@ -59,8 +61,9 @@ def gpu_us(fn: Callable[..., Any], args: tuple, calls: int = 20) -> float:
         for _ in range(calls):
             fn(*args)
         torch.cuda.synchronize()
-    total = sum(e.self_device_time_total for e in prof.key_averages())
-    return total / calls
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+    top = "; ".join(f"{e.key[:60]} {e.self_device_time_total / calls:.1f}" for e in events[:4])
+    return sum(e.self_device_time_total for e in events) / calls, top
 
 
 def variants(problem: Any, model: torch.nn.Module, inputs: tuple) -> dict[str, Callable[..., Any]]:
@@ -114,8 +117,9 @@ def main() -> None:
                 med = side_by_side(fns, sets, be.synchronize, backend_timer(be), args.budget)
                 row: dict[str, Any] = {"problem": problem_key(p), "batch": batch,
                                        **{f"{k}_us": round(v * 1e6, 1) for k, v in med.items()}}
-                row["eager_gpu_us"] = round(gpu_us(fns["eager"], inputs), 1)
-                row["kernel_gpu_us"] = round(gpu_us(fns["kernel"], inputs), 1)
+                for name in ("eager", "kernel"):
+                    total, top = gpu_us(fns[name], inputs)
+                    row[f"{name}_gpu_us"], row[f"{name}_top"] = round(total, 1), top
         except Exception as exc:  # one problem's failure is a row, not the end of the run
             row = {"problem": problem_key(p), "error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)

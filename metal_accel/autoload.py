@@ -53,7 +53,7 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
             return None
         log.info("metal_accel: %s %s runs cached %s %s", class_path(type(module)), spec.describe(),
                  cand.origin if cand.is_builtin else "kernel", key[:12])
-        return candidate_op(cand, key, module, spec, entry.output_spec, backend)
+        return candidate_op(cand, key, module, spec, entry.output_spec, backend, verdict)
     if not prove_here:
         return None
     log.warning("metal_accel: proving cached kernel %s for %s %s on this device (once)", key[:12],

@@ -179,11 +179,15 @@ def prove_candidate(call: ModuleCall, key: str, cand: Candidate, backend: Backen
 
 
 def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: InputSpec, output_spec: OutputSpec,
-                 backend: Backend) -> KernelOp | CompiledOp | GraphedOp:
-    """The op that runs a candidate whose verdict here is cached: torch.compile (maybe graphed), or the kernel."""
+                 backend: Backend, verdict: Verdict | None = None) -> KernelOp | CompiledOp | GraphedOp:
+    """The op that runs a candidate whose verdict here is cached: torch.compile (maybe graphed), or the
+    kernel, replayed as a CUDA graph where its verdict says that launch won."""
     if cand.is_builtin:
         compiled = CompiledOp(module, f"compile_{key[:16]}")
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
     lib = backend.compile(cand.source)
-    return kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
-                     backend.device_type)
+    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
+                   backend.device_type)
+    if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":
+        return GraphedOp(op, module)
+    return op

@@ -84,7 +84,7 @@ class Pipeline:
         if entry is not None and entry.candidate is not None:
             verdict = entry.verdict_for(self.env)
             if verdict is not None and verdict.accepted and verdict.candidate_digest == entry.candidate.digest:
-                self._install(call, key, entry.candidate)
+                self._install(call, key, entry.candidate, verdict=verdict)
                 self._accept(rep, entry.candidate, verdict, f"cache:{entry.origin}")
                 return
             if verdict is None:  # proven elsewhere (or shipped): prove it again here, once
@@ -189,10 +189,10 @@ class Pipeline:
         return prove_candidate(call, key, cand, self.backend, self.settings)
 
     def _install(self, call: ModuleCall, key: str, cand: Candidate,
-                 op: KernelOp | CompiledOp | GraphedOp | None = None) -> None:
+                 op: KernelOp | CompiledOp | GraphedOp | None = None, verdict: Verdict | None = None) -> None:
         assert call.spec is not None and call.output_spec is not None
         if op is None:
-            op = candidate_op(cand, key, call.module, call.spec, call.output_spec, self.backend)
+            op = candidate_op(cand, key, call.module, call.spec, call.output_spec, self.backend, verdict)
         install(call.module, call.spec.signature(), op, strict=self.strict)
         self.installed.add(id(call.module))
 

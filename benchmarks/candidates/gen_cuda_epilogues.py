@@ -5,8 +5,8 @@
 Each candidate runs the main op (cuDNN/cuBLAS through F.conv*/F.linear) and then ONE fused epilogue
 kernel instead of eager's chain of elementwise kernels. A convolution runs channels-last (NHWC), where
 cuDNN's tensor-core kernels were 1.1-2.6x faster than the NCHW ones eager gets on 42 of the 45 level-2
-convolutions on the H100 (docs/cuda/h100_conv_layout_run1.txt; the losers had 8 input channels, hence
-the rule below), and the epilogue transposes back to NCHW through shared memory as it writes. The epilogue
+convolutions on the H100 (docs/cuda/h100_conv_layout_run1.txt; the rule below leaves out the few
+slower ones and those whose channels-last kernels lose eager's precision), and the epilogue transposes back to NCHW through shared memory as it writes. The epilogue
 reproduces PyTorch's CUDA formulas op by op (same order, NaN-propagating clamp/min/relu, exact
 erf GELU), so it also matches on NaN/Inf inputs. The tensor is seen as P planes of L elements:
 per-channel parameters are indexed by plane (conv outputs) or by column (linear outputs).
@@ -65,16 +65,16 @@ extern "C" __global__ void __launch_bounds__(256) epi_cl(const float* __restrict
     const long long nb = (long long)blockIdx.z * S * C;
     const int s0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
     for (int i = threadIdx.y; i < 32; i += 8) {{
-        const int s = s0 + i, c = c0 + threadIdx.x;
-        if (s < S && c < C) tile[i][threadIdx.x] = y[nb + (long long)s * C + c];
+        const int sp = s0 + i, ch = c0 + threadIdx.x;  // not s, c: a scalar parameter may be named s
+        if (sp < S && ch < C) tile[i][threadIdx.x] = y[nb + (long long)sp * C + ch];
     }}
     __syncthreads();
     for (int i = threadIdx.y; i < 32; i += 8) {{
-        const int c = c0 + i, s = s0 + threadIdx.x;
-        if (s < S && c < C) {{
-            const long long o = nb + (long long)c * S + s;
+        const int ch = c0 + i, sp = s0 + threadIdx.x;
+        if (sp < S && ch < C) {{
+            const long long o = nb + (long long)ch * S + sp;
             const float a = has_aux ? aux[o] : 0.0f;
-            out[o] = epi_op(tile[threadIdx.x][i], c, a{param_pass}{scalar_pass});
+            out[o] = epi_op(tile[threadIdx.x][i], ch, a{param_pass}{scalar_pass});
         }}
     }}
 }}
@@ -108,7 +108,9 @@ def forward(module, {inputs}):
     return out
 '''
 
-# conv mains: channels-last when it pays (3-D always, 2-D from 16 input channels), the NHWC epilogue when
+# conv mains: channels-last when it pays and keeps eager's precision (from 8 input channels in 3-D, 16 in 2-D:
+# with 3 input channels cuDNN's NDHWC kernels round like TF32 where its NCDHW ones do not, and the proof
+# rejected them on the H100), the NHWC epilogue when
 # cuDNN returned channels-last (it may not, e.g. for one output channel); else the plain path on NCHW.
 CHANNELS_LAST = '''
     n_out, c_out = y.shape[0], y.shape[1]
@@ -121,18 +123,20 @@ CHANNELS_LAST = '''
     y = y.contiguous()'''
 
 LAYOUT = ("    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d\n"
-          "    nhwc = x.dim() == 5 or x.shape[1] >= 16\n"
+          "    nhwc = x.shape[1] >= (8 if x.dim() == 5 else 16)\n"
           "    xin = x.contiguous(memory_format=fmt) if nhwc else x\n"
-          "    w = module.{m}.weight.contiguous(memory_format=fmt) if nhwc else module.{m}.weight\n")
+          "    w = module.{m}.weight.contiguous(memory_format=fmt) if nhwc else module.{m}.weight\n"
+          "    cb = module.{m}.bias if module.{m}.bias is not None else torch.zeros(module.{m}.out_channels, "
+          "device=x.device, dtype=x.dtype)\n")
 
 MAIN = {
-    "conv2d": LAYOUT + "    y = F.conv2d(xin, w, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
+    "conv2d": LAYOUT + "    y = F.conv2d(xin, w, None, module.{m}.stride, module.{m}.padding, "
               "module.{m}.dilation, module.{m}.groups)",
-    "conv3d": LAYOUT + "    y = F.conv3d(xin, w, module.{m}.bias, module.{m}.stride, module.{m}.padding, "
+    "conv3d": LAYOUT + "    y = F.conv3d(xin, w, None, module.{m}.stride, module.{m}.padding, "
               "module.{m}.dilation, module.{m}.groups)",
-    "conv_transpose2d": LAYOUT + "    y = F.conv_transpose2d(xin, w, module.{m}.bias, module.{m}.stride, "
+    "conv_transpose2d": LAYOUT + "    y = F.conv_transpose2d(xin, w, None, module.{m}.stride, "
                         "module.{m}.padding, module.{m}.output_padding, module.{m}.groups, module.{m}.dilation)",
-    "conv_transpose3d": LAYOUT + "    y = F.conv_transpose3d(xin, w, module.{m}.bias, module.{m}.stride, "
+    "conv_transpose3d": LAYOUT + "    y = F.conv_transpose3d(xin, w, None, module.{m}.stride, "
                         "module.{m}.padding, module.{m}.output_padding, module.{m}.groups, module.{m}.dilation)",
     "linear": "    y = F.linear(x, module.{m}.weight, module.{m}.bias)",
 }
@@ -185,6 +189,8 @@ SPECS = {
 def render(name: str, spec: tuple) -> str:
     main, sub, params, scalars, body = spec
     per_col = main == "linear"
+    if not per_col:  # the conv's own bias, added first: as torch adds a cuDNN conv's bias, in a kernel of its own
+        params, body = [("cb", "cb")] + params, "v = v + cb[c]; " + body
     cidx = "l" if per_col else "c"
     kernel = KERNELS.format(
         param_args="".join(f", const float* __restrict__ {p}" for p, _ in params),

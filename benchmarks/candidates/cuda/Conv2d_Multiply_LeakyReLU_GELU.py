@@ -15,14 +15,15 @@ __device__ __forceinline__ float ma_softplus(float x) { return x > 20.0f ? x : l
 __device__ __forceinline__ float ma_hardswish(float x) { return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
 
 // y viewed as P planes of L elements; per-channel parameters by PARAM_INDEX.
-__device__ __forceinline__ float epi_op(float v, int c, float a, const float* __restrict__ m) {
+__device__ __forceinline__ float epi_op(float v, int c, float a, const float* __restrict__ cb, const float* __restrict__ m) {
+    v = v + cb[c];
     v = v * m[c];
     v = ma_leaky(v, 0.01f);
     return ma_gelu(v);
 }
 
 extern "C" __global__ void __launch_bounds__(256) epi_v4(const float* __restrict__ y, const float* __restrict__ aux,
-        float* __restrict__ out, const float* __restrict__ m, int P, int L, int C, int has_aux) {
+        float* __restrict__ out, const float* __restrict__ cb, const float* __restrict__ m, int P, int L, int C, int has_aux) {
     const int L4 = L >> 2;
     for (int p = blockIdx.y; p < P; p += gridDim.y) {
         const int c = p % C;
@@ -34,10 +35,10 @@ extern "C" __global__ void __launch_bounds__(256) epi_v4(const float* __restrict
             float4 v = yv[j];
             float4 a = has_aux ? av[j] : make_float4(0.f, 0.f, 0.f, 0.f);
             const int l = j << 2;
-            v.x = epi_op(v.x, c, a.x, m);
-            v.y = epi_op(v.y, c, a.y, m);
-            v.z = epi_op(v.z, c, a.z, m);
-            v.w = epi_op(v.w, c, a.w, m);
+            v.x = epi_op(v.x, c, a.x, cb, m);
+            v.y = epi_op(v.y, c, a.y, cb, m);
+            v.z = epi_op(v.z, c, a.z, cb, m);
+            v.w = epi_op(v.w, c, a.w, cb, m);
             ov[j] = v;
         }
     }
@@ -46,33 +47,33 @@ extern "C" __global__ void __launch_bounds__(256) epi_v4(const float* __restrict
 // y channels-last, viewed as N x S x C (S spatial positions); out N x C x S. One 32 x 32 tile of
 // (position, channel) per block, read along C and written along S.
 extern "C" __global__ void __launch_bounds__(256) epi_cl(const float* __restrict__ y, const float* __restrict__ aux,
-        float* __restrict__ out, const float* __restrict__ m, int S, int C, int has_aux) {
+        float* __restrict__ out, const float* __restrict__ cb, const float* __restrict__ m, int S, int C, int has_aux) {
     __shared__ float tile[32][33];
     const long long nb = (long long)blockIdx.z * S * C;
     const int s0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
     for (int i = threadIdx.y; i < 32; i += 8) {
-        const int s = s0 + i, c = c0 + threadIdx.x;
-        if (s < S && c < C) tile[i][threadIdx.x] = y[nb + (long long)s * C + c];
+        const int sp = s0 + i, ch = c0 + threadIdx.x;  // not s, c: a scalar parameter may be named s
+        if (sp < S && ch < C) tile[i][threadIdx.x] = y[nb + (long long)sp * C + ch];
     }
     __syncthreads();
     for (int i = threadIdx.y; i < 32; i += 8) {
-        const int c = c0 + i, s = s0 + threadIdx.x;
-        if (s < S && c < C) {
-            const long long o = nb + (long long)c * S + s;
+        const int ch = c0 + i, sp = s0 + threadIdx.x;
+        if (sp < S && ch < C) {
+            const long long o = nb + (long long)ch * S + sp;
             const float a = has_aux ? aux[o] : 0.0f;
-            out[o] = epi_op(tile[threadIdx.x][i], c, a, m);
+            out[o] = epi_op(tile[threadIdx.x][i], ch, a, cb, m);
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) epi_v1(const float* __restrict__ y, const float* __restrict__ aux,
-        float* __restrict__ out, const float* __restrict__ m, int P, int L, int C, int has_aux) {
+        float* __restrict__ out, const float* __restrict__ cb, const float* __restrict__ m, int P, int L, int C, int has_aux) {
     for (int p = blockIdx.y; p < P; p += gridDim.y) {
         const int c = p % C;
         const long long base = (long long)p * L;
         for (int l = blockIdx.x * blockDim.x + threadIdx.x; l < L; l += gridDim.x * blockDim.x) {
             const float a = has_aux ? aux[base + l] : 0.0f;
-            out[base + l] = epi_op(y[base + l], c, a, m);
+            out[base + l] = epi_op(y[base + l], c, a, cb, m);
         }
     }
 }
@@ -82,16 +83,17 @@ SHAPE_GENERIC = True
 
 def forward(module, x):
     fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    nhwc = x.dim() == 5 or x.shape[1] >= 16
+    nhwc = x.shape[1] >= (8 if x.dim() == 5 else 16)
     xin = x.contiguous(memory_format=fmt) if nhwc else x
     w = module.conv.weight.contiguous(memory_format=fmt) if nhwc else module.conv.weight
-    y = F.conv2d(xin, w, module.conv.bias, module.conv.stride, module.conv.padding, module.conv.dilation, module.conv.groups)
+    cb = module.conv.bias if module.conv.bias is not None else torch.zeros(module.conv.out_channels, device=x.device, dtype=x.dtype)
+    y = F.conv2d(xin, w, None, module.conv.stride, module.conv.padding, module.conv.dilation, module.conv.groups)
     n_out, c_out = y.shape[0], y.shape[1]
     s_out = y.numel() // max(n_out * c_out, 1)
     if nhwc and c_out > 1 and n_out <= 65535 and y.is_contiguous(memory_format=fmt):
         out = torch.empty(y.shape, device=y.device, dtype=y.dtype)
         yn = y.permute(0, 2, 3, 1) if y.dim() == 4 else y.permute(0, 2, 3, 4, 1)
-        lib.epi_cl(yn, yn, out, module.multiplier, s_out, c_out, 0, grid=((s_out + 31) // 32, (c_out + 31) // 32, n_out), block=(32, 8))
+        lib.epi_cl(yn, yn, out, cb, module.multiplier, s_out, c_out, 0, grid=((s_out + 31) // 32, (c_out + 31) // 32, n_out), block=(32, 8))
         return out
     y = y.contiguous()
     P = y.shape[0] * y.shape[1]
@@ -100,8 +102,8 @@ def forward(module, x):
     aux = y
     if L % 4 == 0:
         gx = min((L // 4 + 255) // 256, 64)
-        lib.epi_v4(y, aux, out, module.multiplier, P, L, y.shape[1], 0, grid=(gx, min(P, 65535)), block=(256,))
+        lib.epi_v4(y, aux, out, cb, module.multiplier, P, L, y.shape[1], 0, grid=(gx, min(P, 65535)), block=(256,))
     else:
         gx = min((L + 255) // 256, 64)
-        lib.epi_v1(y, aux, out, module.multiplier, P, L, y.shape[1], 0, grid=(gx, min(P, 65535)), block=(256,))
+        lib.epi_v1(y, aux, out, cb, module.multiplier, P, L, y.shape[1], 0, grid=(gx, min(P, 65535)), block=(256,))
     return out
