@@ -124,8 +124,12 @@ SHAPE_GENERIC = True
 
 def forward(module, x):
     fmt = torch.channels_last_3d
-    y = F.conv3d(x.contiguous(memory_format=fmt), module.conv.weight.contiguous(memory_format=fmt), module.conv.bias,
-                 module.conv.stride, module.conv.padding, module.conv.dilation, module.conv.groups)
+    # from 8 input channels: with 3 (this problem's), cuDNN's NDHWC kernels lost eager's precision on the H100
+    nhwc = x.shape[1] >= 8
+    xin = x.contiguous(memory_format=fmt) if nhwc else x
+    w = module.conv.weight.contiguous(memory_format=fmt) if nhwc else module.conv.weight
+    y = F.conv3d(xin, w, module.conv.bias, module.conv.stride, module.conv.padding, module.conv.dilation,
+                 module.conv.groups)
     k1 = module.pool1.kernel_size
     k2 = module.pool2.kernel_size
     assert k1 == k2 and k1 == module.pool1.stride and k2 == module.pool2.stride
