@@ -505,3 +505,53 @@ def test_gpu_cuda_graph_candidate_wins_host_bound_module_and_keeps_outputs(monke
             e = model(x1)
     torch.testing.assert_close(y, e)
     assert op.captures == captures + 1
+
+
+_STEP_CANDIDATE = '''
+SOURCE = r"""
+extern "C" __global__ void step(const float* x, const float* scale, float* out, long long n, long long c) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = tanhf(x[i] * scale[i % c] + 0.001f);
+}
+"""
+def forward(module, x):
+    for _ in range(20):
+        out = torch.empty_like(x)
+        lib.step(x, module.scale, out, x.numel(), module.scale.numel(), threads=x.numel(), group_size=256)
+        x = out
+    return x
+'''
+
+
+@pytest.mark.skipif(not cb.nvrtc_available(), reason="NVRTC not installed")
+@pytest.mark.cuda
+def test_gpu_kernel_is_timed_as_a_graph_too_and_the_faster_launch_is_reinstalled_from_the_cache(tmp_path,
+                                                                                                isolated_user_cache):
+    import metal_accel
+    from metal_accel import cache as cache_mod
+    from metal_accel.backends import get_backend
+    from metal_accel.builtin_graph import GraphedOp
+    from metal_accel.dispatch import dispatcher_of, eager_only
+
+    d = tmp_path / "c" / "cuda" / "_HostBound"
+    d.mkdir(parents=True)
+    (d / "steps.py").write_text(_STEP_CANDIDATE)
+    model, x = _HostBound().cuda().eval(), torch.randn(8, 256, device="cuda")
+    metal_accel.optimize(model, (x,), backend="cuda", providers=[f"dir:{tmp_path / 'c'}"], progress=False)
+    rep = metal_accel.explain(model).modules[0]
+    assert rep.status == "kernel", rep
+    verdict = cache_mod.lookup("cuda", rep.key).verdict_for(get_backend("cuda").environment())
+    assert "graph_launch" in verdict.details, verdict.details  # the replay was timed, whatever it found
+    graphed = verdict.details.get("launch") == "cuda-graph"
+    assert graphed == ("replayed as a CUDA graph" in rep.reason)
+    assert isinstance(next(iter(dispatcher_of(model).table.values())), GraphedOp) == graphed
+    again = _HostBound().cuda().eval()
+    metal_accel.optimize(again, (x,), backend="cuda", providers=[], progress=False)  # from the cache
+    assert isinstance(next(iter(dispatcher_of(again).table.values())), GraphedOp) == graphed
+    x1, x2 = torch.randn_like(x), torch.randn_like(x)
+    with torch.inference_mode():
+        y1, y2 = again(x1), again(x2)
+        with eager_only():
+            e1, e2 = again(x1), again(x2)
+    torch.testing.assert_close(y1, e1)
+    torch.testing.assert_close(y2, e2)

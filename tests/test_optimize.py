@@ -228,3 +228,21 @@ def test_candidates_that_pass_but_lose_are_reported_as_outpaced(tmp_path):
     rep = chain_report(model)
     assert rep.status == "kernel" and not rep.rejected, rep
     assert len(rep.outpaced) == 1 and "eager over" in rep.outpaced[0], rep.outpaced
+
+
+def test_cpu_verdicts_carry_no_graph_launch_and_a_graph_verdict_is_ignored_off_cuda(tmp_path):
+    from metal_accel.backends import get_backend
+    from metal_accel.builtin_compile import candidate_op
+    from metal_accel.ops import KernelOp
+
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
+    rep = chain_report(model)
+    assert rep.status == "kernel", rep
+    backend = get_backend("cpu")
+    entry = cache_mod.lookup("cpu", rep.key)
+    verdict = entry.verdict_for(backend.environment())
+    assert "graph_launch" not in verdict.details and "launch" not in verdict.details  # CUDA graphs are CUDA's
+    verdict.details["launch"] = "cuda-graph"  # as if proven so on a GPU: not a launch this backend has
+    op = candidate_op(entry.candidate, rep.key, model.chain, entry.input_spec, entry.output_spec, backend, verdict)
+    assert isinstance(op, KernelOp)
