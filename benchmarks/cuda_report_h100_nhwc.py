@@ -18,6 +18,7 @@ sys.path.insert(0, str(HERE))
 from cuda_report import DATA, fmt, geo  # noqa: E402
 from cuda_report_h100_best import per_problem, render, rows, targets  # noqa: E402
 
+WHAT = {"graph": "torch.compile as a CUDA graph", "compile": "torch.compile"}
 L2_RUNS = ("h100_l2_graph_run14a.json", "h100_l2_graph_run14b.json", "h100_l2_graph_run14c.json")
 
 INTRO = """\
@@ -50,6 +51,7 @@ batch sizes differ from the 2026-11-24 tables (64 MB there).
 
 def notes(rs: list[dict]) -> list[str]:
     worst = sorted((r for r in rs if r.get("vs_compile")), key=lambda r: r["vs_compile"])[:3]
+    graph_launched = [r for r in rs if any("replayed as a CUDA graph" in t for t in [r["reason"], *r["outpaced"]])]
     out = ["### Notes on this run\n",
            "- Lowest best-vs-compile: " + ", ".join(f"{r['key']} {fmt(r['vs_compile'])}x" for r in worst) + ". "
            "L2_3's torch.compile and its graph replay failed the proof (1-2 of 16.8M elements outside tolerance "
@@ -58,7 +60,9 @@ def notes(rs: list[dict]) -> list[str]:
            "- L2_12 and L2_40 stay eager: fp32 GEMMs that are over 95% of the call (no faster GEMM without TF32, "
            "which the proof would reject); L2_24's kernel loses to eager (its NCDHW min-softmax pass is slow, and "
            "the channels-last conv with 3 input channels is not precise enough).",
-           "- Kernels whose faster launch was the graph replay: L2_23, L2_38, L2_58 (L2_23 installed; the other two then lost to torch.compile replayed as a graph); elsewhere the direct launch was as fast "
+           "- Kernels whose faster launch was the graph replay: " + ", ".join(
+               f"L{r['level']}_{r['problem_id']} (installed: {WHAT.get(r['status'], r['status'])})" for r in graph_launched) +
+           "; elsewhere the direct launch was as fast "
            "or the graph's input copies and output clones cost more than the host time they save.\n"]
     return out
 

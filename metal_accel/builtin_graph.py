@@ -22,7 +22,8 @@ WARMUP_CALLS = 2  # on a side stream before capture, as torch.cuda.graphs' docum
 
 class GraphedOp:
     """Dispatcher-compatible op: `compiled` (a CompiledOp or a KernelOp) captured into a CUDA graph on
-    first call; the module's state tensors are passed to it as the dispatcher would."""
+    first call. It reads the module's state tensors itself (the `state` argument is not used), passes them
+    to the op it captures, and re-captures when they moved."""
 
     def __init__(self, compiled: Any, module: torch.nn.Module) -> None:
         self.name = compiled.name
@@ -49,10 +50,6 @@ class GraphedOp:
             assert self._graph is not None
             self._graph.replay()
             return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self._out)
-
-    def state(self) -> list[torch.Tensor]:
-        """The wrapped module's state tensors, as the dispatcher passes them."""
-        return self._layout.gather()
 
     def _capture(self, args: tuple, kwargs: dict, state: list[torch.Tensor], ptrs: list[int]) -> None:
         self._graph = None

@@ -153,15 +153,16 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(8)]
     t2 = time.perf_counter()
 
+    check = spot_check(inputs, float64_reference(module, original))
+    flush = cache_flusher(device) if settings.flush_cache else None
+
     def timed(candidate_op: Any) -> BenchResult:
         probe = Dispatcher(module, original, strict=True)
         probe.honor_bypass = False
         probe.add(call.spec.signature(), candidate_op)
         with torch.inference_mode(), eager_only():
             return compare_speed(original, probe, inputs, backend.synchronize, margin=settings.margin,
-                                 budget_s=settings.bench_budget_s,
-                                 check=spot_check(inputs, float64_reference(module, original)),
-                                 flush=cache_flusher(device) if settings.flush_cache else None,
+                                 budget_s=settings.bench_budget_s, check=check, flush=flush,
                                  timer=backend_timer(backend))
     try:
         bench = timed(op)
@@ -194,7 +195,7 @@ def graph_alternative(op: Any, module: torch.nn.Module, call: ModuleCall,
     graphed = GraphedOp(op, module)
     try:
         with torch.inference_mode():
-            graphed(tuple(call.args), dict(call.kwargs), graphed.state())
+            graphed(tuple(call.args), dict(call.kwargs), [])
         bench = timed(graphed)
     except Exception as exc:
         return graphed, None, {"graph_launch": f"not possible: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
