@@ -442,9 +442,11 @@ def forward(module, a, b):
     assert any("crash.py" in r and ("illegal" in r or "crashed" in r or "failed" in r or "error" in r)
                for r in rep.rejected), rep.rejected
     # the good candidate is correct; whether it is also 1.05x faster at this small size is the speed gate's
-    # business (the recorded H100 run measured 0.61x here: dispatch overhead dominates 2 MB tensors)
+    # business (the recorded H100 run measured 0.61x here: dispatch overhead dominates 2 MB tensors), and the
+    # timer may refuse to judge a few-microsecond call at all (2026-11-25, H100: "unreliable timing")
     good_verdict = [r for r in rep.rejected if "good.py" in r]
-    assert rep.status == "kernel" or all("not faster" in r or "within noise" in r for r in good_verdict), rep
+    assert rep.status == "kernel" or all(any(why in r for why in ("not faster", "within noise", "unreliable timing"))
+                                         for r in good_verdict), rep
     with torch.inference_mode():
         torch.testing.assert_close(model(a, b), torch.nn.functional.silu(a) * b)
 

@@ -6,14 +6,19 @@ SM, DRAM traffic x + y per row. Block g owns the same slice of the N features in
 (N/132 for the 132 SMs of an H100: 7,944 float4s, at most 32 a thread). The slice of the
 current row lives in registers (32 float4s a thread, unrolled), the weight slice and the first
 24 float4s a thread of the bias slice in shared memory (224 KB, loaded once); the rest of the
-bias (under a quarter, 4 MB in all) is read from L2 every row. Per row: the block's sums of x - K
-and (x - K)^2 in double (K = the row's first value) go to a scratch buffer, the grid meets at a
-split barrier (arrive / wait), every block adds all partials in the same order and writes
-y = (x - mean) * rstd * w + b for its slice, each register refilled with the next row's value as
-soon as it is written. The next row's first 16 float4s a thread are loaded between arrive and
-wait, so DRAM stays busy across the one barrier a row. x and y stream (evict-first). A slice
-longer than the registers (fewer SMs, e.g. 114 on an H100 PCIe, or longer rows) takes a
-two-read path in the same kernel.
+bias (under a quarter, 4 MB in all) is read from L2 every row. Per row: each thread's sums of
+x - K and (x - K)^2 in float (K = the row's first value; at most 128 values a thread), the block's
+in double, go to a scratch buffer, the grid meets at a split barrier (arrive / wait), every block
+adds all partials in the same order and writes y = (x - mean) * rstd * w + b for its slice, each
+register refilled with the next row's value as soon as it is written. The next row's first 16
+float4s a thread are loaded between arrive and wait, so DRAM stays busy across the one barrier a
+row. x and y stream (evict-first). A slice longer than the registers (fewer SMs, e.g. 114 on an
+H100 PCIe, or longer rows) takes a two-read path in the same kernel.
+
+Tried on the H100 and slower (2026-11-25): the next row copied into shared memory (cp.async) with
+the bias read from L2 (486 us: L2 did not keep the bias), and x re-read from L2 in a second pass
+(504 us: L2 did not keep the row); without its barrier (wrong output, timing only) this kernel
+still takes 260 us, so the barrier costs under a tenth of its time.
 
 Shorter rows: partial sums (double) per chunk, then each chunk normalizes with its row's combined
 statistics (2 reads + 1 write)."""
@@ -28,6 +33,14 @@ __device__ __forceinline__ void acc_add(double& s, double& q, const float4 v, do
     const double d0 = (double)v.x - k, d1 = (double)v.y - k, d2 = (double)v.z - k, d3 = (double)v.w - k;
     s += (d0 + d1) + (d2 + d3);
     q = fma(d0, d0, fma(d1, d1, fma(d2, d2, fma(d3, d3, q))));
+}
+
+// The same in float, for one thread's at most 4 * NJ values of a row (the block adds the threads' sums in
+// double): the double conversions were on the critical path between the barriers (287 -> 277 us on the H100).
+__device__ __forceinline__ void acc_add(float& s, float& q, const float4 v, float k) {
+    const float d0 = v.x - k, d1 = v.y - k, d2 = v.z - k, d3 = v.w - k;
+    s += (d0 + d1) + (d2 + d3);
+    q = fmaf(d0, d0, fmaf(d1, d1, fmaf(d2, d2, fmaf(d3, d3, q))));
 }
 
 // Every thread gets the block's sums, added in an order fixed by the thread layout (so every block
@@ -132,7 +145,7 @@ ln_persistent(const float4* __restrict__ x, const float4* __restrict__ w, const 
     for (int j = 0; j < NJ; ++j)
         if (j < cnt) xv[j] = __ldcs(x + start + t + j * B);
     float k = __ldg((const float*)x);  // the shift of row 0
-    double s = 0.0, q = 0.0;
+    float s = 0.0f, q = 0.0f;
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
         if (j < cnt) acc_add(s, q, xv[j], k);
