@@ -178,7 +178,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
             bench, installed = graph_bench, graphed
     timings["bench_s"] = time.perf_counter() - t2
     if not bench.accepted:
-        return reject(bench.reason, bench)
+        return reject(rejection_reason(bench, launch), bench)
     reason = bench.reason + (", replayed as a CUDA graph" if launch.get("launch") == "cuda-graph" else "")
     details = {"bench": bench.to_dict(), "timings": timings, "validation": _validation_details(result), **launch}
     v = Verdict(env, True, reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
@@ -200,6 +200,12 @@ def graph_alternative(op: Any, module: torch.nn.Module, call: ModuleCall,
     except Exception as exc:
         return graphed, None, {"graph_launch": f"not possible: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     return graphed, bench, {"graph_launch": bench.reason, "graph_bench": bench.to_dict()}
+
+
+def rejection_reason(bench: BenchResult, launch: dict[str, Any]) -> str:
+    """Why a correct kernel was not installed: its direct launch's verdict, and the graph replay's where one was timed."""
+    tried = launch.get("graph_launch")
+    return f"{bench.reason}; replayed as a CUDA graph: {tried}" if tried else bench.reason
 
 
 def measures_speed(backend: Backend) -> bool:

@@ -246,3 +246,15 @@ def test_cpu_verdicts_carry_no_graph_launch_and_a_graph_verdict_is_ignored_off_c
     verdict.details["launch"] = "cuda-graph"  # as if proven so on a GPU: not a launch this backend has
     op = candidate_op(entry.candidate, rep.key, model.chain, entry.input_spec, entry.output_spec, backend, verdict)
     assert isinstance(op, KernelOp)
+
+
+def test_a_rejected_kernel_names_its_graph_replay_too_where_one_was_timed():
+    from metal_accel.bench import BenchResult
+    from metal_accel.prove import rejection_reason
+
+    direct = BenchResult(100.0, 120.0, 0.83, 0.8, 0.01, 0.01, 50, False, "not faster: 0.83x eager (needs >= 1.05x)")
+    assert rejection_reason(direct, {}) == direct.reason  # CPU, or the graph launch switched off
+    why = rejection_reason(direct, {"graph_launch": "not faster: 0.52x eager (needs >= 1.05x)"})
+    assert why.startswith(direct.reason) and "replayed as a CUDA graph: not faster: 0.52x" in why
+    failed = rejection_reason(direct, {"graph_launch": "not possible: RuntimeError: capture failed"})
+    assert "replayed as a CUDA graph: not possible: RuntimeError" in failed
