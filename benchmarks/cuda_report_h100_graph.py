@@ -69,23 +69,24 @@ def gap() -> list[str]:
     return out
 
 
+def level_row(level: object, rs: list[dict]) -> str:
+    """One row of the issue-8 table: the measured rows RS of LEVEL, geomeans, worst cases, what was installed."""
+    runs: dict[str, int] = {}
+    for r in rs:
+        runs[r["status"]] = runs.get(r["status"], 0) + 1
+    we, wc = min(rs, key=lambda r: r["vs_eager"]), min(rs, key=lambda r: r["vs_compile"])
+    return (f"| {level} | {len(rs)} | {fmt(geo([r['vs_eager'] for r in rs]))}x | "
+            f"{fmt(geo([r['vs_compile'] for r in rs]))}x | {fmt(we['vs_eager'])}x ({we['key']}) | "
+            f"{fmt(wc['vs_compile'])}x ({wc['key']}) | " + ", ".join(f"{n} {k}" for k, n in sorted(runs.items())) + " |")
+
+
 def suite_wide(levels: dict[int, list[dict]]) -> list[str]:
     measured = {lv: [r for r in rs if r["status"] != "skipped" and r.get("vs_compile")] for lv, rs in levels.items()}
     every = [r for rs in measured.values() for r in rs]
     out = ["### Issue 8 over what was measured on the GPU (levels 1, 2, 3)\n",
            "| level | measured | geomean vs eager | geomean vs torch.compile | worst vs eager | worst vs torch.compile | runs |",
            "|---|---|---|---|---|---|---|"]
-    for lv, rs in [*sorted(measured.items()), ("all", every)]:
-        if not rs:
-            continue
-        runs: dict[str, int] = {}
-        for r in rs:
-            runs[r["status"]] = runs.get(r["status"], 0) + 1
-        we, wc = min(rs, key=lambda r: r["vs_eager"]), min(rs, key=lambda r: r["vs_compile"])
-        out.append(f"| {lv} | {len(rs)} | {fmt(geo([r['vs_eager'] for r in rs]))}x | "
-                   f"{fmt(geo([r['vs_compile'] for r in rs]))}x | {fmt(we['vs_eager'])}x ({we['key']}) | "
-                   f"{fmt(wc['vs_compile'])}x ({wc['key']}) | "
-                   + ", ".join(f"{n} {k}" for k, n in sorted(runs.items())) + " |")
+    out += [level_row(lv, rs) for lv, rs in [*sorted(measured.items()), ("all", every)] if rs]
     out.append("\nNot covered on the GPU: 81 level-1 problems and level 3 past L3_7 (43 problems): the session's 30 "
                "minutes of device time went to level 2. On the single-op level-1 problems the graph replay lost to "
                "eager (0.3-0.5x: its input copies and output clones triple the memory traffic of an elementwise op) "
