@@ -1,0 +1,175 @@
+"""Generate the CUDA candidates for the level-1 max and average pooling problems that torch.compile
+won (L1_41 MaxPool1d, L1_42 MaxPool2d, L1_44 AvgPool1d).
+
+    python benchmarks/candidates/gen_cuda_pools.py   # rewrites benchmarks/candidates/cuda/L1_{41,42,44}_*.py
+
+A block owns a tile of one plane's output: it stages the input window of the tile (with the padding
+value: -inf for max, 0 for average) in shared memory with coalesced loads, then each thread reduces
+its outputs' windows from shared memory. Input and output cross DRAM once. Max propagates NaN as
+eager does; the average sums its window in order and divides by the kernel size (count_include_pad,
+no ceil_mode), as eager's kernel does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "cuda"
+
+POOL1D = r"""
+#include <cmath>
+// rows of L floats -> rows of Lout; tiles of `tile` outputs; the block's input window staged in buf
+extern "C" __global__ void __launch_bounds__(256) pool1d(const float* __restrict__ x, float* __restrict__ y,
+        long long L, long long Lout, int tiles, int tile, int k, int s, int p, int d, int is_max) {
+    extern __shared__ float buf[];
+    const long long row = blockIdx.x / tiles;
+    const long long o0 = (long long)(blockIdx.x % tiles) * tile;
+    const int nout = (int)min((long long)tile, Lout - o0);
+    const long long in0 = o0 * s - p;
+    const int span = (nout - 1) * s + (k - 1) * d + 1;
+    const float pad = is_max ? -INFINITY : 0.0f;
+    const float* xr = x + row * L;
+    for (int i = threadIdx.x; i < span; i += blockDim.x) {
+        const long long pos = in0 + i;
+        buf[i] = (pos >= 0 && pos < L) ? __ldcs(xr + pos) : pad;
+    }
+    __syncthreads();
+    float* yr = y + row * Lout + o0;
+    const float inv_k = 1.0f / (float)k;
+    for (int o = threadIdx.x; o < nout; o += blockDim.x) {
+        const float* w = buf + o * s;
+        float r;
+        if (is_max) {
+            r = -INFINITY;
+            for (int j = 0; j < k; ++j) {
+                const float v = w[j * d];
+                if (v > r || v != v) r = v;
+            }
+        } else {
+            r = 0.0f;
+            for (int j = 0; j < k; ++j) r += w[j * d];
+            r = k == 8 ? r * 0.125f : r / (float)k;
+        }
+        __stcs(yr + o, r);
+    }
+}
+"""
+
+POOL2D = r"""
+#include <cmath>
+#define TH 32
+#define TW 64
+// planes of H x W floats -> Hout x Wout; a block owns a TH x TW output tile of one plane
+extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restrict__ x, float* __restrict__ y,
+        int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int kh, int kw, int sh, int sw,
+        int ph, int pw, int dh, int dw) {
+    extern __shared__ float buf[];
+    const int per_plane = tiles_h * tiles_w;
+    const long long plane = blockIdx.x / per_plane;
+    const int t = blockIdx.x % per_plane;
+    const int oh0 = (t / tiles_w) * TH, ow0 = (t % tiles_w) * TW;
+    const int nh = min(TH, Hout - oh0), nw = min(TW, Wout - ow0);
+    const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
+    const int span_h = (nh - 1) * sh + (kh - 1) * dh + 1, span_w = (nw - 1) * sw + (kw - 1) * dw + 1;
+    const float* xp = x + plane * H * W;
+    for (int i = threadIdx.x; i < span_h * span_w; i += blockDim.x) {
+        const int r = i / span_w, c = i % span_w;
+        const int ih = ih0 + r, iw = iw0 + c;
+        buf[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
+    }
+    __syncthreads();
+    float* yp = y + plane * Hout * Wout;
+    for (int i = threadIdx.x; i < nh * nw; i += blockDim.x) {
+        const int r = i / nw, c = i % nw;
+        const float* w = buf + r * sh * span_w + c * sw;
+        float m = -INFINITY;
+        for (int a = 0; a < kh; ++a)
+            for (int b = 0; b < kw; ++b) {
+                const float v = w[a * dh * span_w + b * dw];
+                if (v > m || v != v) m = v;
+            }
+        __stcs(yp + (long long)(oh0 + r) * Wout + ow0 + c, m);
+    }
+}
+"""
+
+POOL1D_HOST = '''
+TILE = 2048
+
+
+def pool1d(x, k, s, p, d, is_max):
+    assert x.dtype == torch.float32 and x.dim() in (2, 3), "float32 (C, L) or (N, C, L) only"
+    xc = x.contiguous()
+    L = xc.shape[-1]
+    Lout = (L + 2 * p - d * (k - 1) - 1) // s + 1
+    assert Lout > 0 and 2 * p <= k, "output size or padding out of range"
+    y = torch.empty(xc.shape[:-1] + (Lout,), dtype=xc.dtype, device=xc.device)
+    rows = xc.numel() // L if L else 0
+    if rows:
+        tiles = (Lout + TILE - 1) // TILE
+        span = (TILE - 1) * s + (k - 1) * d + 1
+        lib.pool1d(xc, y, L, Lout, tiles, TILE, k, s, p, d, int(is_max),
+                   grid=(rows * tiles,), block=(256,), shared_mem=span * 4)
+    return y
+'''
+
+MAXPOOL1D_FORWARD = '''
+
+def forward(module, x):
+    assert not module.maxpool.return_indices and not module.maxpool.ceil_mode, "plain max pooling only"
+    k = int(module.maxpool.kernel_size)
+    s = int(module.maxpool.stride) if module.maxpool.stride is not None else k
+    return pool1d(x, k, s, int(module.maxpool.padding), int(module.maxpool.dilation), True)
+'''
+
+AVGPOOL1D_FORWARD = '''
+
+def forward(module, x):
+    assert module.avg_pool.count_include_pad and not module.avg_pool.ceil_mode, "count_include_pad, no ceil_mode only"
+    assert module.avg_pool.divisor_override is None, "no divisor_override"
+    return pool1d(x, module.avg_pool.kernel_size[0], module.avg_pool.stride[0], module.avg_pool.padding[0], 1, False)
+'''
+
+MAXPOOL2D_HOST = '''
+TH = 32
+TW = 64
+
+
+def forward(module, x):
+    assert not module.maxpool.return_indices and not module.maxpool.ceil_mode, "plain max pooling only"
+    assert x.dtype == torch.float32 and x.dim() in (3, 4), "float32 (C, H, W) or (N, C, H, W) only"
+    k, p, d = int(module.maxpool.kernel_size), int(module.maxpool.padding), int(module.maxpool.dilation)
+    s = int(module.maxpool.stride) if module.maxpool.stride is not None else k
+    xc = x.contiguous()
+    H, W = xc.shape[-2], xc.shape[-1]
+    Hout = (H + 2 * p - d * (k - 1) - 1) // s + 1
+    Wout = (W + 2 * p - d * (k - 1) - 1) // s + 1
+    assert Hout > 0 and Wout > 0 and 2 * p <= k, "output size or padding out of range"
+    y = torch.empty(xc.shape[:-2] + (Hout, Wout), dtype=xc.dtype, device=xc.device)
+    planes = xc.numel() // (H * W) if H * W else 0
+    if planes:
+        tiles_h, tiles_w = (Hout + TH - 1) // TH, (Wout + TW - 1) // TW
+        span = ((TH - 1) * s + (k - 1) * d + 1) * ((TW - 1) * s + (k - 1) * d + 1)
+        lib.maxpool2d(xc, y, H, W, Hout, Wout, tiles_h, tiles_w, k, k, s, s, p, p, d, d,
+                      grid=(planes * tiles_h * tiles_w,), block=(256,), shared_mem=span * 4)
+    return y
+'''
+
+FILES = {
+    "L1_41_Max_Pooling_1D": ("MaxPool1d", POOL1D, POOL1D_HOST + MAXPOOL1D_FORWARD),
+    "L1_44_Average_Pooling_1D": ("AvgPool1d", POOL1D, POOL1D_HOST + AVGPOOL1D_FORWARD),
+    "L1_42_Max_Pooling_2D": ("MaxPool2d", POOL2D, MAXPOOL2D_HOST),
+}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, (what, source, host) in FILES.items():
+        doc = (f'"""{name[3:]}: {what} with the tile\'s input window staged in shared memory; input and\n'
+               'output cross DRAM once. Integer pooling parameters only (a tuple fails and eager runs).\n'
+               'Generated by benchmarks/candidates/gen_cuda_pools.py."""\n')
+        (OUT / f"{name}.py").write_text(f'{doc}SOURCE = r"""{source}"""\nSHAPE_GENERIC = True\n{host}')
+    print(f"wrote {len(FILES)} candidates to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
