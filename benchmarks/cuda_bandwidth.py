@@ -1,6 +1,6 @@
 """DRAM bandwidth reached by the memory-bound CUDA kernels, against a device-to-device copy in the same run.
 
-    python benchmarks/cuda_bandwidth.py [--mb 512] [--json out.json] [--problems .kb/problems.jsonl]
+    python benchmarks/cuda_bandwidth.py [--mb 512] [--json out.json] [--problems .kb/problems.jsonl] [--only L1_41 ...]
 
 Kernels: the shipped blocks (kernels_src/cuda) and the level-1 KernelBench candidates
 (benchmarks/candidates/cuda/L1_*), each at a size where its largest tensor is about --mb MB (the
@@ -129,6 +129,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=512.0, help="size of each case's largest tensor, MB")
     ap.add_argument("--problems", default=str(ROOT / ".kb" / "problems.jsonl"))
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--only", nargs="*", default=[], help="time only the kernels whose name contains one of these")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("cuda_bandwidth.py needs a CUDA GPU")
@@ -140,6 +141,8 @@ def main() -> None:
     cases = block_cases(args.mb)
     if Path(args.problems).is_file():
         cases += level1_cases(Path(args.problems), args.mb)
+    if args.only:
+        cases = [c for c in cases if any(word in c[0] for word in args.only)]
     for name, model, inputs, path in cases:
         try:
             row = measure(name, model, inputs, path, copy_bps)

@@ -86,37 +86,15 @@ def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[
 Check = Callable[[Any, Any, str, int], Any]
 
 
-def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
-                  sync: Callable[[], None] = lambda: None, *, margin: float = DEFAULT_MARGIN,
-                  warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0,
-                  check: Check | None = None, check_every: int = 8,
-                  flush: Callable[[], None] | None = None, timer: Timer | None = None) -> BenchResult:
-    """Time eager and kernel alternately on rotating inputs; accept only a win beyond the noise.
-
-    Accepted when the median speedup is at least 1 + margin and, with 99% confidence, the kernel wins
-    the typical pair: the distribution-free lower confidence bound of the median per-pair ratio
-    (eager time / kernel time of the same pair) is above 1. (A rule of winning three quarters of the
-    pairs, used before, rejected clear wins of short calls on a noisy 2-core machine: 1.38x median,
-    500 pairs.) With `check`,
-    every `check_every`-th pair's outputs are compared outside the timed region, so a kernel
-    cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
-    cache flush) runs before every timed call, outside the timing. `timer(fn, args, kwargs, sync)`
-    replaces the wall-clock `time_call` (the CUDA backend's checks CUDA events against the wall
-    clock); a sample it raises TimingRejected for is taken again, and when more than a quarter of
-    the samples are refused the result is not accepted.
-    """
-    timer = timer or time_call
-    if not input_sets:
-        raise ValueError("compare_speed needs at least one input set")
-    for i in range(warmup):
-        args, kwargs = input_sets[i % len(input_sets)]
-        eager(*args, **kwargs)
-        kernel(*args, **kwargs)
+def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
+                  sync: Callable[[], None], timer: Timer, min_reps: int, max_reps: int, budget_s: float,
+                  check: Check | None, check_every: int, flush: Callable[[], None] | None,
+                  ) -> tuple[list[float], list[float], int, int, bool]:
+    """Interleaved (eager, kernel) times: (eager times, kernel times, pairs, refused samples, unreliable)."""
     e_times: list[float] = []
     k_times: list[float] = []
     start = time.perf_counter()
     rep = rejected = 0
-    unreliable = False
     while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
         args, kwargs = input_sets[rep % len(input_sets)]
         order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)
@@ -134,16 +112,56 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             e_times.append(pair[eager])
             k_times.append(pair[kernel])
         if rejected > MAX_REJECTED_FRACTION * 2 * max(rep + 1, min_reps):
-            unreliable = True
-            break
+            return e_times, k_times, rep, rejected, True
         if check is not None and rep % check_every == 0 and len(outs) == 2:
             check(outs[kernel], outs[eager], f"timed call {rep}", rep % len(input_sets))
         rep += 1
+    return e_times, k_times, rep, rejected, False
+
+
+def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
+                  sync: Callable[[], None] = lambda: None, *, margin: float = DEFAULT_MARGIN,
+                  warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0,
+                  check: Check | None = None, check_every: int = 8,
+                  flush: Callable[[], None] | None = None, timer: Timer | None = None,
+                  attempts: int = 2, retry_pause_s: float = 0.5) -> BenchResult:
+    """Time eager and kernel alternately on rotating inputs; accept only a win beyond the noise.
+
+    Accepted when the median speedup is at least 1 + margin and, with 99% confidence, the kernel wins
+    the typical pair: the distribution-free lower confidence bound of the median per-pair ratio
+    (eager time / kernel time of the same pair) is above 1. (A rule of winning three quarters of the
+    pairs, used before, rejected clear wins of short calls on a noisy 2-core machine: 1.38x median,
+    500 pairs.) With `check`,
+    every `check_every`-th pair's outputs are compared outside the timed region, so a kernel
+    cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
+    cache flush) runs before every timed call, outside the timing. `timer(fn, args, kwargs, sync)`
+    replaces the wall-clock `time_call` (the CUDA backend's checks CUDA events against the wall
+    clock); a sample it raises TimingRejected for is taken again, and when more than a quarter of
+    the samples are refused the measurement starts over after `retry_pause_s` (a burst of host
+    load, e.g. compilers running beside it, passes), up to `attempts` times in all, and is then
+    reported as unreliable, not accepted.
+    """
+    timer = timer or time_call
+    if not input_sets:
+        raise ValueError("compare_speed needs at least one input set")
+    for i in range(warmup):
+        args, kwargs = input_sets[i % len(input_sets)]
+        eager(*args, **kwargs)
+        kernel(*args, **kwargs)
+    refused = 0
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(retry_pause_s)
+        e_times, k_times, rep, rejected, unreliable = _sample_pairs(
+            eager, kernel, input_sets, sync, timer, min_reps, max_reps, budget_s, check, check_every, flush)
+        refused += rejected
+        if not unreliable:
+            break
     if unreliable or not e_times or not k_times:
         return BenchResult(statistics.median(e_times) * 1e6 if e_times else 0.0,
                            statistics.median(k_times) * 1e6 if k_times else 0.0, 0.0, 0.0, 0.0, 0.0, rep, False,
                            f"unreliable timing: the timer refused {rejected} samples in {rep} pairs "
-                           "(device and host clocks disagree)", rejected)
+                           f"(device and host clocks disagree; {attempt + 1} attempts)", refused)
     e_med, k_med = statistics.median(e_times), statistics.median(k_times)
     speedup = e_med / k_med if k_med > 0 else float("inf")
     ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
@@ -156,4 +174,4 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     else:
         accepted, reason = True, f"{speedup:.2f}x eager over {rep} interleaved pairs"
     return BenchResult(e_med * 1e6, k_med * 1e6, speedup, p25, _spread(e_times), _spread(k_times),
-                       rep, accepted, reason, rejected, low)
+                       rep, accepted, reason, refused, low)

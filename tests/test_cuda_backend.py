@@ -259,7 +259,23 @@ def test_bench_retries_refused_samples_and_gives_up_when_too_many():
 
     def broken(fn, args, kwargs, sync):
         raise TimingRejected("always")
-    res = compare_speed(eager, kernel, [((1,), {})], timer=broken, min_reps=5, max_reps=5, warmup=0)
+    res = compare_speed(eager, kernel, [((1,), {})], timer=broken, min_reps=5, max_reps=5, warmup=0,
+                        retry_pause_s=0.0)
+    assert not res.accepted and "unreliable timing" in res.reason and "2 attempts" in res.reason
+
+    stall = {"n": 0}
+
+    def host_busy_at_first(fn, args, kwargs, sync):  # every sample refused for a while, then none
+        stall["n"] += 1
+        if stall["n"] <= 20:  # the first attempt gives up after 16 refusals, the second sees 4
+            raise TimingRejected("host stall")
+        return (1e-3 if fn is eager else 0.5e-3), None
+    res = compare_speed(eager, kernel, [((1,), {})], timer=host_busy_at_first, min_reps=20, max_reps=20, warmup=0,
+                        retry_pause_s=0.0)
+    assert res.accepted and 1.9 < res.speedup < 2.1 and res.rejected_samples == 20
+    stall["n"] = 0
+    res = compare_speed(eager, kernel, [((1,), {})], timer=host_busy_at_first, min_reps=20, max_reps=20, warmup=0,
+                        retry_pause_s=0.0, attempts=1)
     assert not res.accepted and "unreliable timing" in res.reason
 
 

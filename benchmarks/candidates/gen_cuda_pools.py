@@ -7,7 +7,8 @@ A block owns a tile of one plane's output: it stages the input window of the til
 value: -inf for max, 0 for average) in shared memory with coalesced loads, then each thread reduces
 its outputs' windows from shared memory. Input and output cross DRAM once. Max propagates NaN as
 eager does; the average sums its window in order and divides by the kernel size (count_include_pad,
-no ceil_mode), as eager's kernel does.
+no ceil_mode), as eager's kernel does. (A divisor_override is not visible to host code: the
+proof, which compares with the module itself, rejects the candidate for such a module.)
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ OUT = Path(__file__).resolve().parent / "cuda"
 
 POOL1D = r"""
 #include <cmath>
+#define UNROLL 8
 // rows of L floats -> rows of Lout; tiles of `tile` outputs; the block's input window staged in buf
 extern "C" __global__ void __launch_bounds__(256) pool1d(const float* __restrict__ x, float* __restrict__ y,
         long long L, long long Lout, int tiles, int tile, int k, int s, int p, int d, int is_max) {
@@ -28,9 +30,20 @@ extern "C" __global__ void __launch_bounds__(256) pool1d(const float* __restrict
     const int span = (nout - 1) * s + (k - 1) * d + 1;
     const float pad = is_max ? -INFINITY : 0.0f;
     const float* xr = x + row * L;
-    for (int i = threadIdx.x; i < span; i += blockDim.x) {
-        const long long pos = in0 + i;
-        buf[i] = (pos >= 0 && pos < L) ? __ldcs(xr + pos) : pad;
+    // UNROLL loads in flight per thread before any is stored
+    for (int base = 0; base < span; base += UNROLL * (int)blockDim.x) {
+        float v[UNROLL];
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const long long pos = in0 + i;
+            v[j] = (i < span && pos >= 0 && pos < L) ? __ldcs(xr + pos) : pad;
+        }
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            if (i < span) buf[i] = v[j];
+        }
     }
     __syncthreads();
     float* yr = y + row * Lout + o0;
@@ -58,6 +71,7 @@ POOL2D = r"""
 #include <cmath>
 #define TH 32
 #define TW 64
+#define UNROLL 10
 // planes of H x W floats -> Hout x Wout; a block owns a TH x TW output tile of one plane
 extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restrict__ x, float* __restrict__ y,
         int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int kh, int kw, int sh, int sw,
@@ -71,10 +85,21 @@ extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restr
     const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
     const int span_h = (nh - 1) * sh + (kh - 1) * dh + 1, span_w = (nw - 1) * sw + (kw - 1) * dw + 1;
     const float* xp = x + plane * H * W;
-    for (int i = threadIdx.x; i < span_h * span_w; i += blockDim.x) {
-        const int r = i / span_w, c = i % span_w;
-        const int ih = ih0 + r, iw = iw0 + c;
-        buf[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
+    const int span = span_h * span_w;
+    // UNROLL loads in flight per thread before any is stored
+    for (int base = 0; base < span; base += UNROLL * (int)blockDim.x) {
+        float v[UNROLL];
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int ih = ih0 + i / span_w, iw = iw0 + i % span_w;
+            v[j] = (i < span && ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
+        }
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            if (i < span) buf[i] = v[j];
+        }
     }
     __syncthreads();
     float* yp = y + plane * Hout * Wout;
@@ -93,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restr
 """
 
 POOL1D_HOST = '''
-TILE = 2048
+STAGED = 2048  # input floats a block stages in one round of loads (256 threads x 8)
 
 
 def pool1d(x, k, s, p, d, is_max):
@@ -105,9 +130,10 @@ def pool1d(x, k, s, p, d, is_max):
     y = torch.empty(xc.shape[:-1] + (Lout,), dtype=xc.dtype, device=xc.device)
     rows = xc.numel() // L if L else 0
     if rows:
-        tiles = (Lout + TILE - 1) // TILE
-        span = (TILE - 1) * s + (k - 1) * d + 1
-        lib.pool1d(xc, y, L, Lout, tiles, TILE, k, s, p, d, int(is_max),
+        tile = max(256, (STAGED - (k - 1) * d - 1) // s + 1)  # outputs whose window fits one round
+        tiles = (Lout + tile - 1) // tile
+        span = (tile - 1) * s + (k - 1) * d + 1
+        lib.pool1d(xc, y, L, Lout, tiles, tile, k, s, p, d, int(is_max),
                    grid=(rows * tiles,), block=(256,), shared_mem=span * 4)
     return y
 '''
@@ -125,7 +151,6 @@ AVGPOOL1D_FORWARD = '''
 
 def forward(module, x):
     assert module.avg_pool.count_include_pad and not module.avg_pool.ceil_mode, "count_include_pad, no ceil_mode only"
-    assert module.avg_pool.divisor_override is None, "no divisor_override"
     return pool1d(x, module.avg_pool.kernel_size[0], module.avg_pool.stride[0], module.avg_pool.padding[0], 1, False)
 '''
 

@@ -5,6 +5,7 @@ SOURCE = r"""
 #include <cmath>
 #define TH 32
 #define TW 64
+#define UNROLL 10
 // planes of H x W floats -> Hout x Wout; a block owns a TH x TW output tile of one plane
 extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restrict__ x, float* __restrict__ y,
         int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int kh, int kw, int sh, int sw,
@@ -18,10 +19,21 @@ extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restr
     const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
     const int span_h = (nh - 1) * sh + (kh - 1) * dh + 1, span_w = (nw - 1) * sw + (kw - 1) * dw + 1;
     const float* xp = x + plane * H * W;
-    for (int i = threadIdx.x; i < span_h * span_w; i += blockDim.x) {
-        const int r = i / span_w, c = i % span_w;
-        const int ih = ih0 + r, iw = iw0 + c;
-        buf[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
+    const int span = span_h * span_w;
+    // UNROLL loads in flight per thread before any is stored
+    for (int base = 0; base < span; base += UNROLL * (int)blockDim.x) {
+        float v[UNROLL];
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int ih = ih0 + i / span_w, iw = iw0 + i % span_w;
+            v[j] = (i < span && ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
+        }
+        #pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            if (i < span) buf[i] = v[j];
+        }
     }
     __syncthreads();
     float* yp = y + plane * Hout * Wout;
