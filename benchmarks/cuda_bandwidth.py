@@ -29,7 +29,8 @@ BLOCK_SOURCES = ROOT / "kernels_src" / "cuda"
 LEVEL1 = ("L1_23_Softmax", "L1_24_LogSoftmax", "L1_25_Swish", "L1_30_Softsign", "L1_36_RMSNorm_",
           "L1_38_L1Norm_", "L1_40_LayerNorm", "L1_41_Max_Pooling_1D", "L1_42_Max_Pooling_2D",
           "L1_44_Average_Pooling_1D", "L1_88_MinGPTNewGelu", "L1_89_cumsum", "L1_91_cumsum_reverse",
-          "L1_92_cumsum_exclusive", "L1_93_masked_cumsum", "L1_94_MSELoss", "L1_96_HuberLoss", "L1_98_KLDivLoss")
+          "L1_92_cumsum_exclusive", "L1_93_masked_cumsum", "L1_94_MSELoss", "L1_96_HuberLoss", "L1_98_KLDivLoss",
+          "L1_99_TripletMarginLoss")
 BLOCKS = ("RMSNorm", "LayerNorm", "BiasGelu", "Softmax", "SiluMul", "Rotary")
 
 
