@@ -16,11 +16,35 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "cuda"
 
-POOL1D = r"""
+COMMON = r"""
 #include <cmath>
+#define NT 256
+// m updated with v: EXACT keeps eager's rule (a NaN wins and stays); otherwise fmaxf (no NaN in sight)
+template <bool EXACT>
+__device__ __forceinline__ void take_max(float& m, float v) {
+    if (EXACT) { if (v > m || v != v) m = v; }
+    else m = fmaxf(m, v);
+}
+
+// max (or sum) of w[0], w[d], ..., w[(k-1) d]; K > 0: k == K, unrolled
+template <int K, bool MAX, bool EXACT>
+__device__ __forceinline__ float reduce_window(const float* w, int d, int k) {
+    float r = MAX ? -INFINITY : 0.0f;
+    if (K > 0) {
+        #pragma unroll
+        for (int j = 0; j < K; ++j) { if (MAX) take_max<EXACT>(r, w[j * d]); else r += w[j * d]; }
+    } else {
+        for (int j = 0; j < k; ++j) { if (MAX) take_max<EXACT>(r, w[j * d]); else r += w[j * d]; }
+    }
+    return r;
+}
+"""
+
+POOL1D = COMMON + r"""
 #define UNROLL 8
 // rows of L floats -> rows of Lout; tiles of `tile` outputs; the block's input window staged in buf
-extern "C" __global__ void __launch_bounds__(256) pool1d(const float* __restrict__ x, float* __restrict__ y,
+template <int K>
+__device__ __forceinline__ void pool1d_body(const float* __restrict__ x, float* __restrict__ y,
         long long L, long long Lout, int tiles, int tile, int k, int s, int p, int d, int is_max) {
     extern __shared__ float buf[];
     const long long row = blockIdx.x / tiles;
@@ -30,89 +54,119 @@ extern "C" __global__ void __launch_bounds__(256) pool1d(const float* __restrict
     const int span = (nout - 1) * s + (k - 1) * d + 1;
     const float pad = is_max ? -INFINITY : 0.0f;
     const float* xr = x + row * L;
+    int nan = 0;
     // UNROLL loads in flight per thread before any is stored
-    for (int base = 0; base < span; base += UNROLL * (int)blockDim.x) {
+    for (int base = 0; base < span; base += UNROLL * NT) {
         float v[UNROLL];
         #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int i = base + j * NT + (int)threadIdx.x;
             const long long pos = in0 + i;
             v[j] = (i < span && pos >= 0 && pos < L) ? __ldcs(xr + pos) : pad;
         }
         #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int i = base + j * NT + (int)threadIdx.x;
             if (i < span) buf[i] = v[j];
+            nan |= v[j] != v[j];
         }
     }
-    __syncthreads();
+    const bool exact = __syncthreads_or(nan);  // a NaN in the block's window: eager's rule, else fmaxf
     float* yr = y + row * Lout + o0;
-    const float inv_k = 1.0f / (float)k;
-    for (int o = threadIdx.x; o < nout; o += blockDim.x) {
+    for (int o = threadIdx.x; o < nout; o += NT) {
         const float* w = buf + o * s;
         float r;
-        if (is_max) {
-            r = -INFINITY;
-            for (int j = 0; j < k; ++j) {
-                const float v = w[j * d];
-                if (v > r || v != v) r = v;
-            }
-        } else {
-            r = 0.0f;
-            for (int j = 0; j < k; ++j) r += w[j * d];
+        if (!is_max) {
+            r = reduce_window<K, false, false>(w, d, k);
             r = k == 8 ? r * 0.125f : r / (float)k;
+        } else if (exact) {
+            r = reduce_window<K, true, true>(w, d, k);
+        } else {
+            r = reduce_window<K, true, false>(w, d, k);
         }
         __stcs(yr + o, r);
     }
 }
+
+extern "C" __global__ void __launch_bounds__(NT) pool1d(const float* __restrict__ x, float* __restrict__ y,
+        long long L, long long Lout, int tiles, int tile, int k, int s, int p, int d, int is_max) {
+    switch (k) {
+        case 2: pool1d_body<2>(x, y, L, Lout, tiles, tile, k, s, p, d, is_max); break;
+        case 3: pool1d_body<3>(x, y, L, Lout, tiles, tile, k, s, p, d, is_max); break;
+        case 4: pool1d_body<4>(x, y, L, Lout, tiles, tile, k, s, p, d, is_max); break;
+        case 8: pool1d_body<8>(x, y, L, Lout, tiles, tile, k, s, p, d, is_max); break;
+        default: pool1d_body<0>(x, y, L, Lout, tiles, tile, k, s, p, d, is_max);
+    }
+}
 """
 
-POOL2D = r"""
-#include <cmath>
+POOL2D = COMMON + r"""
 #define TH 32
 #define TW 64
 #define UNROLL 10
-// planes of H x W floats -> Hout x Wout; a block owns a TH x TW output tile of one plane
-extern "C" __global__ void __launch_bounds__(256) maxpool2d(const float* __restrict__ x, float* __restrict__ y,
-        int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int kh, int kw, int sh, int sw,
-        int ph, int pw, int dh, int dw) {
+// planes of H x W floats -> Hout x Wout; a block owns a TH x TW output tile of one plane. The max is
+// separable: the staged rows are reduced across the window's columns first (into hbuf), then the
+// columns across its rows.
+template <int K>
+__device__ __forceinline__ void maxpool2d_body(const float* __restrict__ x, float* __restrict__ y,
+        int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int k, int s, int p, int d) {
     extern __shared__ float buf[];
     const int per_plane = tiles_h * tiles_w;
     const long long plane = blockIdx.x / per_plane;
     const int t = blockIdx.x % per_plane;
     const int oh0 = (t / tiles_w) * TH, ow0 = (t % tiles_w) * TW;
     const int nh = min(TH, Hout - oh0), nw = min(TW, Wout - ow0);
-    const int ih0 = oh0 * sh - ph, iw0 = ow0 * sw - pw;
-    const int span_h = (nh - 1) * sh + (kh - 1) * dh + 1, span_w = (nw - 1) * sw + (kw - 1) * dw + 1;
-    const float* xp = x + plane * H * W;
+    const int ih0 = oh0 * s - p, iw0 = ow0 * s - p;
+    const int span_h = (nh - 1) * s + (k - 1) * d + 1, span_w = (nw - 1) * s + (k - 1) * d + 1;
     const int span = span_h * span_w;
+    const float inv_w = 1.0f / (float)span_w;
+    float* hbuf = buf + span;  // span_h x TW
+    const float* xp = x + plane * H * W;
+    int nan = 0;
     // UNROLL loads in flight per thread before any is stored
-    for (int base = 0; base < span; base += UNROLL * (int)blockDim.x) {
+    for (int base = 0; base < span; base += UNROLL * NT) {
         float v[UNROLL];
         #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
-            const int ih = ih0 + i / span_w, iw = iw0 + i % span_w;
+            const int i = base + j * NT + (int)threadIdx.x;
+            const int r = (int)(((float)i + 0.5f) * inv_w);  // i / span_w, exact for these small i
+            const int ih = ih0 + r, iw = iw0 + i - r * span_w;
             v[j] = (i < span && ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldcs(xp + (long long)ih * W + iw) : -INFINITY;
         }
         #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
-            const int i = base + j * (int)blockDim.x + (int)threadIdx.x;
+            const int i = base + j * NT + (int)threadIdx.x;
             if (i < span) buf[i] = v[j];
+            nan |= v[j] != v[j];
+        }
+    }
+    const bool exact = __syncthreads_or(nan);
+    for (int i = threadIdx.x; i < span_h * TW; i += NT) {
+        const int r = i / TW, c = i % TW;
+        if (c < nw) {
+            const float* w = buf + r * span_w + c * s;
+            hbuf[i] = exact ? reduce_window<K, true, true>(w, d, k) : reduce_window<K, true, false>(w, d, k);
         }
     }
     __syncthreads();
     float* yp = y + plane * Hout * Wout;
-    for (int i = threadIdx.x; i < nh * nw; i += blockDim.x) {
-        const int r = i / nw, c = i % nw;
-        const float* w = buf + r * sh * span_w + c * sw;
-        float m = -INFINITY;
-        for (int a = 0; a < kh; ++a)
-            for (int b = 0; b < kw; ++b) {
-                const float v = w[a * dh * span_w + b * dw];
-                if (v > m || v != v) m = v;
-            }
-        __stcs(yp + (long long)(oh0 + r) * Wout + ow0 + c, m);
+    for (int i = threadIdx.x; i < TH * TW; i += NT) {
+        const int r = i / TW, c = i % TW;
+        if (r < nh && c < nw) {
+            const float* w = hbuf + r * s * TW + c;
+            const float m = exact ? reduce_window<K, true, true>(w, d * TW, k) : reduce_window<K, true, false>(w, d * TW, k);
+            __stcs(yp + (long long)(oh0 + r) * Wout + ow0 + c, m);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) maxpool2d(const float* __restrict__ x, float* __restrict__ y,
+        int H, int W, int Hout, int Wout, int tiles_h, int tiles_w, int k, int s, int p, int d) {
+    switch (k) {
+        case 2: maxpool2d_body<2>(x, y, H, W, Hout, Wout, tiles_h, tiles_w, k, s, p, d); break;
+        case 3: maxpool2d_body<3>(x, y, H, W, Hout, Wout, tiles_h, tiles_w, k, s, p, d); break;
+        case 4: maxpool2d_body<4>(x, y, H, W, Hout, Wout, tiles_h, tiles_w, k, s, p, d); break;
+        default: maxpool2d_body<0>(x, y, H, W, Hout, Wout, tiles_h, tiles_w, k, s, p, d);
     }
 }
 """
@@ -173,9 +227,10 @@ def forward(module, x):
     planes = xc.numel() // (H * W) if H * W else 0
     if planes:
         tiles_h, tiles_w = (Hout + TH - 1) // TH, (Wout + TW - 1) // TW
-        span = ((TH - 1) * s + (k - 1) * d + 1) * ((TW - 1) * s + (k - 1) * d + 1)
-        lib.maxpool2d(xc, y, H, W, Hout, Wout, tiles_h, tiles_w, k, k, s, s, p, p, d, d,
-                      grid=(planes * tiles_h * tiles_w,), block=(256,), shared_mem=span * 4)
+        span_h = (TH - 1) * s + (k - 1) * d + 1
+        floats = span_h * ((TW - 1) * s + (k - 1) * d + 1) + span_h * TW  # staged input, then row maxima
+        lib.maxpool2d(xc, y, H, W, Hout, Wout, tiles_h, tiles_w, k, s, p, d,
+                      grid=(planes * tiles_h * tiles_w,), block=(256,), shared_mem=floats * 4)
     return y
 '''
 
