@@ -111,7 +111,8 @@ def per_problem(rs: list[dict]) -> list[str]:
            "| problem | batch | eager us | compile us | optimized us | vs eager | vs compile | result |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rs:
-        out.append(f"| {r['key']} | {r['batch']} (of {r['batch_original']}) | {fmt(r['eager_us'], '.1f')} | "
+        batch = f"{r['batch']} (of {r['batch_original']})" if r.get("batch") is not None else "–"
+        out.append(f"| {r['key']} | {batch} | {fmt(r['eager_us'], '.1f')} | "
                    f"{fmt(r['compile_us'], '.1f')} | {fmt(r['kernel_us'], '.1f')} | {fmt(r['vs_eager'])} | "
                    f"{fmt(r['vs_compile'])} | {result_text(r)} |")
     return out
@@ -127,7 +128,10 @@ def bandwidth(names: tuple[str, ...] = BANDWIDTH, first: int = 1) -> list[str]:
     head = "| kernel | MB moved | eager us | " + " | ".join(f"run {i} kernel us | run {i} kernel % of copy"
                                                            for i in range(first, first + len(runs)))
     out += [head + " | eager % of copy |", "|---" * (3 + 2 * len(runs) + 1) + "|"]
-    for row in runs[0]["rows"]:
+    kernels = list(dict.fromkeys(x["kernel"] for run in runs for x in run["rows"]))  # every run's, first seen first
+    for name in kernels:
+        row = next((x for run in runs for x in run["rows"] if x["kernel"] == name and "eager_us" in x),
+                   {"kernel": name})
         cells = [row["kernel"], fmt(row.get("mbytes"), ".0f"), fmt(row.get("eager_us"), ".1f")]
         for run in runs:
             other = next((x for x in run["rows"] if x["kernel"] == row["kernel"]), {})
