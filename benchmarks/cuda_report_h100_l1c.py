@@ -1,12 +1,12 @@
 """Render the docs/benchmarks.md section for the eighth session's H100 runs (2026-11-25): the level-1 kernels
 written for the problems where torch.compile had beaten the pipeline's choice, the rest of level 1, bandwidth
-runs 7-9.
+runs 7-10.
 
     python benchmarks/cuda_report_h100_l1c.py [--no-write]
 
 Inputs under docs/cuda/ (written on the device by `bash benchmarks/cuda_device.sh ...`): h100_l1_run17.json,
-h100_l1_run18.json, h100_l1_run19b.json, h100_l1_run20.json (level 1 through the pipeline), h100_l1_run19a.log
-(the printed table of run 19a: its suite.json did not come back from the device), h100_bandwidth_run7..9.json,
+h100_l1_run18.json, h100_l1_run19b.json, h100_l1_run20.json, h100_l1_run21.json (level 1 through the pipeline), h100_l1_run19a.log
+(the printed table of run 19a: its suite.json did not come back from the device), h100_bandwidth_run7..10.json,
 h100_pytest_cuda_run20.log, and the earlier level-1 runs (11, 12, 15a, 15b) for the level as a whole.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from cuda_report_h100_best import bandwidth, per_problem, render, rows  # noqa: 
 from cuda_report_h100_l1 import measured, summary  # noqa: E402
 
 EARLIER = ("h100_l1_graph_run11.json", "h100_l1_graph_run12.json", "h100_l1_run15a.json", "h100_l1_run15b.json")
-THIS_SESSION = ("h100_l1_run17.json", "h100_l1_run18.json", "h100_l1_run19b.json", "h100_l1_run20.json")
+THIS_SESSION = ("h100_l1_run17.json", "h100_l1_run18.json", "h100_l1_run19b.json", "h100_l1_run20.json",
+                "h100_l1_run21.json")
 RUN_19A_LOG = "h100_l1_run19a.log"
 
 INTRO = """\
@@ -40,6 +41,8 @@ Calls of the device tool on an H100, 2026-11-25 (eighth session), each on a fres
    run 9; 19b: problems 1-18), run 20 (L1_99, and the GPU tests: 52 passed,
    docs/cuda/h100_pytest_cuda_run20.log). A further call meant for level 3 problems 26-50 measured nothing:
    the visible suite (../shared/kernelbench) holds level 3 problems 1-25 only, all of them measured by now.
+3. Run 21 (bandwidth run 10): L1_44 again, with the kernel as committed (runs 17-18 timed the versions before the
+   last rewrite of the pooling kernels).
 """
 
 
@@ -94,10 +97,10 @@ def whole_level() -> list[str]:
 def body() -> str:
     return "\n".join([INTRO, *this_session(), *whole_level(),
                       *bandwidth(("h100_bandwidth_run7.json", "h100_bandwidth_run8.json",
-                                  "h100_bandwidth_run9.json"), first=7),
-                      "Runs 8 and 9 timed only the changed kernels (`--only`). New kernels: the four scans at "
+                                  "h100_bandwidth_run9.json", "h100_bandwidth_run10.json"), first=7),
+                      "Runs 8-10 timed only the changed kernels (`--only`). New kernels: the four scans at "
                       "92-94% of the copy, L1_99 at 103% (it only reads: a stream of "
-                      "reads outruns a copy's mix of reads and writes, as L1_94's 99% does), L1_38 at 82%, L1_44 at 77%, L1_41 at 92% after the rewrite; L1_42 "
+                      "reads outruns a copy's mix of reads and writes, as L1_94's 99% does), L1_38 at 82%, L1_41 and L1_44 at 92% and 98% after the rewrite; L1_42 "
                       "(MaxPool2d, 4x4 window, stride 1) at 56% after it: below issue 6's 80%, as is L1_40 "
                       "(69%). MaxPool2d's output is 1% smaller than its input and every output reads 16 inputs; "
                       "what bounds it now was not profiled.\n"])
@@ -105,7 +108,7 @@ def body() -> str:
 
 def main() -> int:
     return render(__doc__, body(), "cuda_h100_l1c", "CUDA on an NVIDIA H100: level-1 kernels where torch.compile "
-                  "had won, the rest of level 1, bandwidth runs 7-9", "ATTEMPTED= BENCH_MB=68 "
+                  "had won, the rest of level 1, bandwidth runs 7-10", "ATTEMPTED= BENCH_MB=68 "
                   "BENCH_ARGS=\"--level 1 --compile-candidate --problems ...\" bash benchmarks/cuda_device.sh "
                   "setup bandwidth bench  (then python benchmarks/cuda_report_h100_l1c.py)",
                   "h100_env_run18.txt", "2026-11-25")
