@@ -160,8 +160,8 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     if unreliable or not e_times or not k_times:
         return BenchResult(statistics.median(e_times) * 1e6 if e_times else 0.0,
                            statistics.median(k_times) * 1e6 if k_times else 0.0, 0.0, 0.0, 0.0, 0.0, rep, False,
-                           f"unreliable timing: the timer refused {rejected} samples in {rep} pairs "
-                           f"(device and host clocks disagree; {attempt + 1} attempts)", refused)
+                           f"unreliable timing: the timer refused {refused} samples in {attempt + 1} attempts "
+                           f"({rejected} in the last, over {rep} pairs; device and host clocks disagree)", refused)
     e_med, k_med = statistics.median(e_times), statistics.median(k_times)
     speedup = e_med / k_med if k_med > 0 else float("inf")
     ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]

@@ -92,7 +92,7 @@ GENERATORS = sorted((ROOT / "benchmarks" / "candidates").glob("gen_cuda_*.py"))
 
 
 @pytest.mark.parametrize("generator", GENERATORS, ids=lambda p: p.stem)
-def test_generated_candidates_match_their_generator(generator: Path, tmp_path: Path, capsys):
+def test_generated_candidates_match_their_generator(generator: Path, tmp_path: Path):
     """A generated candidate edited by hand (or a generator changed without re-running it) fails here."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(generator.stem, generator)
