@@ -161,9 +161,11 @@ def _cpu_identity() -> str:
 
 
 @functools.cache
-def _flags() -> tuple[str, ...]:
+def compile_flags() -> tuple[str, ...]:
+    """The compiler flags of every CPU kernel. -fno-trapping-math lets GCC turn the selects of
+    ma_vecmath.h into vector blends on ISAs without masked ops (AVX2); results are unchanged."""
     arch = "-mcpu=native" if sys.platform == "darwin" and platform.machine() == "arm64" else "-march=native"
-    return ("-O3", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}", *openmp_flags())
+    return ("-O3", "-fno-trapping-math", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}", *openmp_flags())
 
 
 @functools.cache
@@ -201,7 +203,7 @@ def _run_compiler(cxx: str, source: str, out: Path) -> None:
     tmp = Path(name)
     try:
         compile_count += 1
-        proc = subprocess.run([cxx, *_flags(), str(src), "-o", str(tmp)], capture_output=True, text=True,
+        proc = subprocess.run([cxx, *compile_flags(), str(src), "-o", str(tmp)], capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S)
         if proc.returncode != 0:
             log = (proc.stderr or proc.stdout).strip().replace(str(src), "kernel.cpp")
@@ -239,7 +241,7 @@ class CpuBackend:
             raise CompileError('no extern "C" kernel found; declare kernels as extern "C" void name(...)')
         cxx = find_compiler()
         # content key: everything the code depends on except the compiler
-        content = hashlib.sha256("\0".join([source, " ".join(_flags()), _cpu_identity(), _include_digest()])
+        content = hashlib.sha256("\0".join([source, " ".join(compile_flags()), _cpu_identity(), _include_digest()])
                                  .encode()).hexdigest()[:32]
         path = artifact_path(config.build_dir() / "cpu", content, cxx)
         if path in _loaded:

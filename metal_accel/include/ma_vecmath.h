@@ -12,8 +12,14 @@
  *   ma_tanhf     tanh(x)                few ulp; saturates to +-1, tanh(+-0)=+-0
  *   ma_erff      erf(x)                 few ulp; saturates to +-1
  *   ma_geluf     0.5 x (1 + erf(x/sqrt2)) (torch's default gelu)
+ *   ma_logf      log(x)                 ~1 ulp; log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf,
+ *                                       subnormal x exact in the exponent
+ *   ma_log1pf    log(1 + x)             few ulp, also for tiny x (log1pf(x) = x below 2^-24)
+ *   ma_expm1f    exp(x) - 1             few ulp, also for tiny x; expm1(-0) = -0
  *
- * Kernels are compiled with -O3 -march=native -fopenmp -std=c++17; the header is also valid C99.
+ * Kernels are compiled with -O3 -fno-trapping-math -march=native -fopenmp -std=c++17 (without
+ * -fno-trapping-math GCC keeps the selects scalar on ISAs without masked vector ops, such as AVX2);
+ * the header is also valid C99.
  * Cached verdicts of kernels are keyed by their own source, not by this header: keep the results
  * of existing functions stable (add new functions rather than changing old ones).
  */
@@ -139,5 +145,66 @@ static inline float ma_erff(float x) {
 }
 
 static inline float ma_geluf(float x) { return 0.5f * x * (1.0f + ma_erff(x * 0.70710678118654752f)); }
+
+/* log(x): x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(x) = e ln2 + log1p(m - 1), the last by the
+ * Cephes polynomial; ln2 split in two (Cody-Waite) so e ln2 adds no rounding error. Subnormal x is
+ * scaled by 2^23 first. */
+static inline float ma_logf(float x) {
+    int tiny = x < 1.17549435e-38f; /* subnormal, zero or negative: the selects below sort it out */
+    float xs = tiny ? x * 8388608.0f : x;
+    int32_t i = ma_float_to_bits(xs);
+    float e = (float)(((i >> 23) & 0xff) - 126) - (tiny ? 23.0f : 0.0f);
+    float m = ma_bits_to_float((i & 0x007fffff) | 0x3f000000); /* [0.5, 1) */
+    int low = m < 0.707106781186547524f;
+    e = low ? e - 1.0f : e;
+    m = low ? m + m : m;
+    float f = m - 1.0f;
+    float z = f * f;
+    float y = 7.0376836292e-2f;
+    y = y * f - 1.1514610310e-1f;
+    y = y * f + 1.1676998740e-1f;
+    y = y * f - 1.2420140846e-1f;
+    y = y * f + 1.4249322787e-1f;
+    y = y * f - 1.6668057665e-1f;
+    y = y * f + 2.0000714765e-1f;
+    y = y * f - 2.4999993993e-1f;
+    y = y * f + 3.3333331174e-1f;
+    y = y * f * z;
+    y = y + e * -2.12194440e-4f;
+    y = y - 0.5f * z;
+    float r = (f + y) + e * 0.693359375f;
+    r = x > 3.40282347e38f ? x : r;                  /* +inf */
+    r = x == 0.0f ? ma_bits_to_float((int32_t)0xff800000) : r; /* +-0 -> -inf */
+    return x >= 0.0f ? r : ma_bits_to_float(0x7fc00000); /* x < 0 or NaN -> NaN */
+}
+
+/* log(1 + x) = log(u) - ((u - 1) - x) / u with u = 1 + x rounded: the second term is the first-order
+ * correction for the rounding of u (exact where u == 1: then log1p(x) = x, sign of zero kept). */
+static inline float ma_log1pf(float x) {
+    float u = 1.0f + x;
+    float lu = ma_logf(u);
+    float r = lu - ((u - 1.0f) - x) / u;
+    r = u == 1.0f ? x : r;
+    r = u == 0.0f ? lu : r;                 /* x = -1: -inf */
+    return x > 3.40282347e38f ? x : r;      /* +inf (the correction would be inf - inf) */
+}
+
+/* exp(x) - 1: for |x| < 1/2 the Taylor series to x^9 (truncation < 1e-9 relative), else
+ * ma_expf(x) - 1 (no cancellation there: |exp(x) - 1| >= 0.39, so the subtraction adds at most
+ * half an ulp of the result to exp's own error). */
+static inline float ma_expm1f(float x) {
+    float p = 2.75573192e-6f;
+    p = p * x + 2.48015873e-5f;
+    p = p * x + 1.98412698e-4f;
+    p = p * x + 1.38888889e-3f;
+    p = p * x + 8.33333333e-3f;
+    p = p * x + 4.16666667e-2f;
+    p = p * x + 1.66666667e-1f;
+    p = p * x + 0.5f;
+    float small = x + (x * x) * p;
+    small = x == 0.0f ? x : small; /* keeps -0 */
+    float big = ma_expf(x) - 1.0f;
+    return ma_absf(x) < 0.5f ? small : big;
+}
 
 #endif /* MA_VECMATH_H */
