@@ -8,7 +8,6 @@ capture is a rejection with its reason. Inductor's on-disk caches make a warm st
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from typing import Any, Callable
 
@@ -23,11 +22,10 @@ from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
 from .errors import CacheError
 from .ops import KernelOp, kernel_op
-from .prove import ProofSettings, backend_timer, float64_reference, kernels_only, prove
+from .prove import ProofSettings, backend_timer, float64_reference, kernels_only, prove, timing_inputs
 from .sandbox import load_forward
 from .specs import InputSpec, OutputSpec
 from .synth.base import Evaluation
-from .testdata import make_inputs
 from .validate import judge, make_trials, run_trial, spot_check
 
 log = logging.getLogger(__name__)
@@ -155,8 +153,7 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     probe = Dispatcher(module, original, strict=True)
     probe.honor_bypass = False
     probe.add(call.spec.signature(), op)  # type: ignore[arg-type]
-    gen = torch.Generator().manual_seed(secrets.randbits(62))
-    inputs = [make_inputs(call.spec, "normal", gen, device) for _ in range(8)]
+    inputs = timing_inputs(call, device)
     try:
         with torch.inference_mode(), eager_only():
             bench = compare_speed(original, probe, inputs, backend.synchronize, margin=margin, budget_s=budget_s,

@@ -253,3 +253,20 @@ def test_spot_checks_hold_ill_conditioned_outputs_to_the_proofs_rule():
     spot_check(inputs, ref64)(reordered(x), norm(x), "timed call 0", 1)
     with pytest.raises(Mismatch, match="outside tolerance"):
         spot_check(inputs, ref64)(reordered(x) * 1.01, norm(x), "timed call 0", 1)
+
+
+def test_speed_gate_times_the_callers_own_inputs():
+    """Speed can depend on values (eager's ELU skips expm1 on positive inputs): the gate times copies of
+    the example the caller gave, and fresh normal inputs only where that example does not fit the spec."""
+    from metal_accel.capture import ModuleCall
+    from metal_accel.prove import TIMING_SETS, timing_inputs
+
+    x = torch.rand(4, 8)  # all positive, unlike normal inputs
+    call = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (x,), {})
+    sets = timing_inputs(call, torch.device("cpu"))
+    assert len(sets) == TIMING_SETS
+    for args, kwargs in sets:
+        assert torch.equal(args[0], x) and args[0].data_ptr() != x.data_ptr() and kwargs == {}
+    other = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (torch.rand(2, 8),), {})
+    fresh = timing_inputs(other, torch.device("cpu"))
+    assert fresh[0][0][0].shape == x.shape and (fresh[0][0][0] < 0).any()
