@@ -26,7 +26,7 @@ def bench_command(args: argparse.Namespace, out: str) -> list[str]:
     lo, _, hi = args.ids.partition("-")
     ids = [str(i) for i in range(int(lo), int(hi or lo) + 1)]
     return ["metal-accel", "bench", str(ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"), "--backend", "cpu",
-            "--level", str(args.level), "--problems", *ids, "--max-tensor-mb", str(args.max_tensor_mb),
+            "--provider", "dir:benchmarks/candidates", "--level", str(args.level), "--problems", *ids, "--max-tensor-mb", str(args.max_tensor_mb),
             "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
 
 
@@ -42,10 +42,11 @@ def main() -> int:
     cmd = bench_command(args, "OUT")
     if not args.from_dir:
         env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
-        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True, env=env)
+        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True, env=env,
+                       cwd=ROOT)
     table = (Path(out) / "suite.md").read_text()
-    body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and kernel "
-            "candidates (none for the CPU yet), under the same proof and speed gate; the table times eager, "
+    body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and the CPU kernel "
+            "candidates of benchmarks/candidates/cpu, under the same proof and speed gate; the table times eager, "
             "torch.compile of the whole Model and the chosen best side by side (medians, interleaved). "
             f"`batch_size` is halved until no tensor exceeds {args.max_tensor_mb:g} MB, so shapes are smaller "
             "than KernelBench's.\n\n" + table)

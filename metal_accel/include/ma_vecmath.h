@@ -12,8 +12,7 @@
  *   ma_tanhf     tanh(x)                few ulp; saturates to +-1, tanh(+-0)=+-0
  *   ma_erff      erf(x)                 few ulp; saturates to +-1
  *   ma_geluf     0.5 x (1 + erf(x/sqrt2)) (torch's default gelu)
- *   ma_logf      log(x)                 ~1 ulp; log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf,
- *                                       subnormal x exact in the exponent
+ *   ma_logf      log(x)                 ~1 ulp, subnormal x too; log(+-0) = -inf, log(x < 0) = NaN
  *   ma_log1pf    log(1 + x)             few ulp, also for tiny x (log1pf(x) = x below 2^-24)
  *   ma_expm1f    exp(x) - 1             few ulp, also for tiny x; expm1(-0) = -0
  *

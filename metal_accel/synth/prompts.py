@@ -70,7 +70,14 @@ def language_guide(language: str) -> str:
         raise ValueError(f"no prompt guide for kernel language {language!r}")
     guide = _guide_file(f"{LANGUAGE_FILES[language]}.md")
     listing = "\n".join(f"  - `{sig}`: {desc}" for sig, desc in vecmath_functions())
-    return guide.replace("<<VECMATH>>", listing).replace("<<NCPU>>", str(os.cpu_count() or 1))
+    return (guide.replace("<<VECMATH>>", listing).replace("<<NCPU>>", str(os.cpu_count() or 1))
+            .replace("<<CXXFLAGS>>", " ".join(cpp_guide_flags())))
+
+
+def cpp_guide_flags() -> list[str]:
+    """The CPU backend's compiler flags as a kernel author needs them (no output or include options)."""
+    from ..backends.cpu import compile_flags
+    return [f for f in compile_flags() if f not in ("-shared", "-fPIC") and not f.startswith("-I")]
 
 
 def sandbox_rules(language: str) -> str:
