@@ -1,6 +1,6 @@
 """KernelBench on the CPU through the pipeline, torch.compile included as a candidate (issue 8).
 
-    python benchmarks/kernelbench_cpu.py [--level 2] [--ids 1-30] [--max-tensor-mb 2] [--from DIR]
+    python benchmarks/kernelbench_cpu.py [--level 2] [--ids 1-30] [--max-tensor-mb 2] [--from DIR] [--section NAME]
 
 Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
 eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
@@ -22,9 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def parse_ids(text: str) -> list[str]:
+    """"1-30" or "1,2,7" or "1-3,7": the problem ids, in order."""
+    ids: list[str] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        ids += [str(i) for i in range(int(lo), int(hi or lo) + 1)]
+    return ids
+
+
 def bench_command(args: argparse.Namespace, out: str) -> list[str]:
-    lo, _, hi = args.ids.partition("-")
-    ids = [str(i) for i in range(int(lo), int(hi or lo) + 1)]
+    ids = parse_ids(args.ids)
     return ["metal-accel", "bench", str(ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"), "--backend", "cpu",
             "--provider", "dir:benchmarks/candidates", "--level", str(args.level), "--problems", *ids, "--max-tensor-mb", str(args.max_tensor_mb),
             "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
@@ -33,7 +41,8 @@ def bench_command(args: argparse.Namespace, out: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", type=int, default=2)
-    parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30")
+    parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30 or 1,2,7")
+    parser.add_argument("--section", help="the docs/benchmarks.md section to write (default: from level and ids)")
     parser.add_argument("--max-tensor-mb", type=float, default=2.0)
     parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory")
     parser.add_argument("--no-write", action="store_true")
@@ -53,8 +62,8 @@ def main() -> int:
     print(body)
     if not args.no_write:
         from _docs import write_section
-        section = "kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}"
-        if not args.ids.startswith("1-"):  # a later range of the level: a section of its own
+        section = args.section or ("kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}")
+        if not args.section and not args.ids.startswith("1-"):  # a later range of the level: a section of its own
             section += f"_{args.ids}"
         write_section(section, f"CPU: KernelBench level {args.level} (problems {args.ids}), "
                       "best of eager / torch.compile / kernels", "python benchmarks/kernelbench_cpu.py "

@@ -55,6 +55,12 @@ _WORD = re.compile("|".join(r"(?<![\w:])" + re.escape(w) + r"(?!\w)" for w in _F
 _STATIC_MUTABLE = re.compile(r"\bstatic\b(?!\s+(?:const\b|constexpr\b|inline\b|__device__\b|__forceinline__\b|"
                              r"__host__\b|void\b|__global__\b|__inline__\b))")
 _GLOBAL_STATE = re.compile(r"^\s*(?:__device__|__managed__|__constant__)\s+(?!.*\()[^;{]*;", re.M)
+# The inline PTX a CUDA kernel may hold: L2 prefetches (the bulk-copy engine's and the load unit's).
+# They move nothing into registers and name no special register (timers, SM ids), so they can neither
+# observe nor leak; operands are %N only. Anything else written with asm stays rejected.
+_PTX_PREFETCH = re.compile(r"(?:cp\.async\.bulk\.prefetch\.L2\.global|prefetch\.global\.L2(?:::evict_(?:last|normal))?)"
+                           r"\s+\[%\d+\](?:\s*,\s*%\d+)?\s*;?")
+_ASM_INPUTS_ONLY = re.compile(r'\basm\s+volatile\s*\(\s*"((?:\\.|[^"\\\n])*)"\s*::')
 _ALLOWED_DIRECTIVES = {"include", "define", "undef", "if", "ifdef", "ifndef", "elif", "else", "endif",
                        "pragma", "error"}
 
@@ -105,6 +111,8 @@ def check_kernel_source(source: str, language: str) -> None:
             shown = f"<{header}>" if m.group(1) == "<" else f'"{header}"'
             raise SourceCheckError(f"line {_line(source, m.start())}: #include {shown} is not an allowed header "
                                    f"for {language} kernels")
+    if language == "cuda":
+        source = _blank_allowed_ptx(source)
     text = strip_comments_and_literals(source)
     for m in _DIRECTIVE.finditer(text):
         if m.group(1) not in _ALLOWED_DIRECTIVES:
@@ -127,6 +135,17 @@ def check_kernel_source(source: str, language: str) -> None:
         raise SourceCheckError(f"line {_line(text, m.start())}: a global device variable keeps state "
                                "between calls; kernels must be stateless")
     _check_top_level_state(text)
+
+
+def _blank_allowed_ptx(source: str) -> str:
+    """SOURCE with the head `asm volatile("<allowed prefetch>" ::` of each allowed statement replaced by a
+    plain call of the same length; its operand expressions stay, and are checked like any code."""
+    def repl(m: re.Match[str]) -> str:
+        if not _PTX_PREFETCH.fullmatch(m.group(1).strip()):
+            return m.group(0)
+        head = "ptx_prefetch("
+        return head + " " * (len(m.group(0)) - len(head))
+    return _ASM_INPUTS_ONLY.sub(repl, source)
 
 
 def _check_top_level_state(text: str) -> None:

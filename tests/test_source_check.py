@@ -71,3 +71,27 @@ def test_cuda_global_device_state_is_rejected():
 def test_language_headers_do_not_cross():
     with pytest.raises(SourceCheckError, match="metal_stdlib"):
         check_kernel_source("#include <metal_stdlib>\n", "c++")
+
+
+PREFETCH = ('__global__ void k(const char* p, unsigned n) {\n'
+            '    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");\n'
+            '    asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(p + 128));\n}\n')
+
+
+def test_cuda_kernels_may_hold_l2_prefetch_ptx_only():
+    check_kernel_source(PREFETCH, "cuda")
+    with pytest.raises(SourceCheckError, match="inline assembly"):
+        check_kernel_source(PREFETCH, "c++")  # CPU kernels: no inline assembly at all
+
+
+@pytest.mark.parametrize("statement, message", [
+    ('asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t[0]));', "inline assembly"),  # a timer
+    ('asm volatile("prefetch.global.L2 [%0]; mov.u32 %1, %%smid;" :: "l"(p), "r"(0));', "inline assembly"),
+    ('asm volatile("ld.global.f32 %0, [%1];" :: "l"(p));', "inline assembly"),
+    ('asm("prefetch.global.L2 [%0];" :: "l"(p));', "inline assembly"),  # only the volatile form
+    ('asm volatile("prefetch.global.L2 [%0];" "mov.u32 %1, %%clock;" :: "l"(p));', "inline assembly"),
+    ('asm volatile("prefetch.global.L2 [%0];" :: "l"(fopen("x", "r")));', "fopen()"),  # operands are checked
+])
+def test_other_inline_ptx_is_rejected(statement, message):
+    with pytest.raises(SourceCheckError, match=message):
+        check_kernel_source("__global__ void k(const char* p, long long* t) {\n    " + statement + "\n}\n", "cuda")

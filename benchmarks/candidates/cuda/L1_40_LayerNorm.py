@@ -12,10 +12,10 @@ in double, go to a scratch buffer, the grid meets at a split barrier (arrive / w
 adds all partials in the same order and writes y = (x - mean) * rstd * w + b for its slice, each
 register refilled with the next row's value as soon as it is written. Between arrive and wait the
 next row's first 12 float4s a thread are loaded, so DRAM stays busy across the one barrier a row,
-and thread 0 has the rest of the next row's slice copied into a 2 KB scratch area of shared memory
-(bulk copies, sm_90), to bring it into L2 ahead of the refills. x and y stream (evict-first). A slice
-longer than the registers (fewer SMs, e.g. 114 on an H100 PCIe, or longer rows) takes a two-read
-path in the same kernel.
+and the rest of the next row's slice is prefetched into L2 by sm_90's bulk prefetch
+(cp.async.bulk.prefetch.L2, the one kind of inline PTX kernels may hold), ahead of the refills.
+x and y stream (evict-first). A slice longer than the registers (fewer SMs, e.g. 114 on an H100
+PCIe, or longer rows) takes a two-read path in the same kernel.
 
 Tried on the H100 and slower (2026-11-25): the next row copied into shared memory (cp.async) with
 the bias read from L2 (486 us: L2 did not keep the bias), and x re-read from L2 in a second pass
@@ -26,19 +26,18 @@ Runs 22-24 (H100, batch 16, docs/cuda/h100_layernorm_variants_run2*.json): that 
 (69% of the copy); the bias rest loaded with an L2 evict_last policy instead 276 us; the bias rest
 in registers 251 us (8 float4s loaded across the barrier) and 249 us (12: the registers hold no
 more, a few bytes spill). The next row's rest prefetched into L2 by sm_90's bulk prefetch
-instruction (cp.async.bulk.prefetch.L2) ran 232 us (82%), but inline PTX is not allowed in kernels; the prefetches a kernel may issue did not
-come close: per-thread cp.async copies of one 16 bytes every 32, 64 or 128 bytes into scratch
-shared memory 250, 248, 251 us (249 without); the bulk copies of this kernel 246-248 us (249
-without in the same run, within the run-to-run spread); prefetching two rows ahead 265 us,
-prefetching row 0 before the weights load 238 us against 232, 8 or 4 float4s across the barrier
-with it 245 and 281 us (all with the PTX prefetch).
-Bandwidth run 13: 247.3 us, 77% of a 3007 GB/s copy.
+instruction (cp.async.bulk.prefetch.L2) ran 232 us (82%): the kernel here, since the source check
+admits L2 prefetch PTX. Without inline PTX nothing came close: per-thread cp.async copies of one
+16 bytes every 32, 64 or 128 bytes into scratch shared memory 250, 248, 251 us (249 without);
+bulk copies of the rest into scratch shared memory 246-248 us (249 without in the same run, within
+the run-to-run spread). With the PTX prefetch: prefetching two rows ahead 265 us, prefetching row
+0 before the weights load 238 us against 232, 8 or 4 float4s across the barrier 245 and 281 us.
+Bandwidth run 13 (those bulk copies): 247.3 us, 77% of a 3007 GB/s copy.
 
 Shorter rows: partial sums (double) per chunk, then each chunk normalizes with its row's combined
 statistics (2 reads + 1 write)."""
 SOURCE = r"""
 #include <cooperative_groups.h>
-#include <cuda/barrier>
 namespace cg = cooperative_groups;
 
 // Sums of d = x - K in double, K a value of the row (x[row][0]). Then M2 = Q - S^2 / n loses at most
@@ -111,21 +110,18 @@ __device__ __forceinline__ float4 affine(const float4 v, float mean, float rstd,
 #define NJ 32  // float4s of a row a thread holds in registers: 128 of the 255 registers a thread can have
 #define NB 24  // float4s of the bias a thread holds in shared memory: (NJ + NB) * 16 B * 256 = 224 KB
 #define NP 12  // float4s of the next row a thread loads before the barrier wait
-#define PF_BYTES 2048  // bytes of one copy of the next row's L2 prefetch
-typedef cuda::barrier<cuda::thread_scope_block> block_barrier;
+#define PF_CHUNK 16384  // bytes of the next row's slice one thread has prefetched into L2
 
-// Thread 0: float4s from .. n - 1 of a block's slice p come into L2 ahead of their loads, by bulk copies
-// (sm_90's TMA; cp.async before) into junk, PF_BYTES of shared memory that nothing reads (a prefetch
-// instruction would be inline PTX, which kernels may not use). The copies of a row are waited for a
-// row later.
-__device__ __forceinline__ void prefetch_slice(const float4* p, long long from, long long n, char* junk,
-                                               block_barrier& bar, block_barrier::arrival_token& token, bool& pending) {
-    if (pending) bar.wait(static_cast<block_barrier::arrival_token&&>(token));
-    const char* c = reinterpret_cast<const char*>(p);
-    for (long long o = from * 16; o < n * 16; o += PF_BYTES)
-        cuda::memcpy_async(junk, c + o, cuda::aligned_size_t<16>((size_t)min((long long)PF_BYTES, n * 16 - o)), bar);
-    token = bar.arrive();
-    pending = true;
+// The next row's float4s from .. n - 1 of a block's slice p come into L2 ahead of their loads: sm_90's
+// bulk prefetch (the copy engine fetches, no thread waits), PF_CHUNK bytes for each of threads 0-63.
+__device__ __forceinline__ void prefetch_slice(const float4* p, long long from, long long n, int t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const long long lo = from * 16 + (long long)t * PF_CHUNK;
+    if (t < 64 && lo < n * 16) {
+        const unsigned sz = (unsigned)min((long long)PF_CHUNK, n * 16 - lo);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"((const char*)p + lo), "r"(sz) : "memory");
+    }
+#endif
 }
 
 // Cooperative launch, one block per SM, blockDim.x == LN_THREADS, (NJ + NB) * LN_THREADS float4s of
@@ -135,12 +131,6 @@ ln_persistent(const float4* __restrict__ x, const float4* __restrict__ w, const 
               float4* __restrict__ y, double2* __restrict__ part, int rows, long long N4, int maxg, float eps) {
     extern __shared__ float4 smem[];  // weight float4 j of thread t: smem[j * B + t]; bias: smem[(NJ + j) * B + t]
     __shared__ double2 sh[LN_THREADS / 32 + 1];
-    __shared__ __align__(128) char junk[PF_BYTES];
-    __shared__ __align__(16) char pf_mem[sizeof(block_barrier)];  // the prefetch's barrier (thread 0's copies)
-    block_barrier& pf_bar = *reinterpret_cast<block_barrier*>(pf_mem);
-    block_barrier::arrival_token pf_token;
-    bool pf_pending = false;
-    if (threadIdx.x == 0) init(&pf_bar, 1);
     constexpr int B = LN_THREADS;
     cg::grid_group grid = cg::this_grid();
     const int t = threadIdx.x;
@@ -202,7 +192,7 @@ ln_persistent(const float4* __restrict__ x, const float4* __restrict__ w, const 
         float kn = 0.0f;
         float4 nx[NP];
         if (next) {
-            if (t == 0) prefetch_slice(x + (long long)(r + 1) * N4 + start, NP * B, n, junk, pf_bar, pf_token, pf_pending);
+            prefetch_slice(x + (long long)(r + 1) * N4 + start, NP * B, n, t);
             kn = __ldg((const float*)(x + (long long)(r + 1) * N4));
 #pragma unroll
             for (int u = 0; u < NP; ++u)
@@ -234,7 +224,6 @@ ln_persistent(const float4* __restrict__ x, const float4* __restrict__ w, const 
         if (owner) __stcg(part + ((r + 1) & 1) * maxg + blockIdx.x, sum);
         token = grid.barrier_arrive();
     }
-    if (pf_pending) pf_bar.wait(static_cast<block_barrier::arrival_token&&>(pf_token));  // the last prefetch's copies
 }
 
 extern "C" __global__ void __launch_bounds__(256) ln_partial(const float4* __restrict__ x, double* __restrict__ part,
