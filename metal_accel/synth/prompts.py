@@ -100,7 +100,10 @@ def sandbox_rules(language: str) -> str:
         "literals, the walrus, decorators, nested functions, calling a value stored in a variable, any "
         "name or attribute starting with `_`, exec/eval/compile/open/getattr/setattr/globals/vars/type/print.",
         f"Kernel source ({LANGUAGE_NAMES.get(language, language)}): computation only. Allowed #include headers: "
-        + ", ".join(f"`{h}`" for h in sorted(HEADERS.get(language, ()))) + "; no inline assembly, no I/O, "
+        + ", ".join(f"`{h}`" for h in sorted(HEADERS.get(language, ()))) + "; "
+        + ("no inline assembly except L2 prefetches (`asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: "
+           "\"l\"(ptr), \"r\"(bytes));` or `prefetch.global.L2 [%0];`)" if language == "cuda" else "no inline assembly")
+        + ", no I/O, "
         "files, processes, network, environment, time or random calls, no `static` or global mutable state.",
     ])
 
