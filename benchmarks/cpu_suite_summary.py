@@ -1,0 +1,95 @@
+"""Issue 8 on the CPU over the visible KernelBench suite: the chosen best against eager and torch.compile,
+per level and for all levels, from the CPU sections of docs/benchmarks.md.
+
+    python benchmarks/cpu_suite_summary.py [--no-write] [--sections kernelbench_cpu_l1 ...]
+
+Reads the per-problem tables of the named sections (a later section's row replaces an earlier one for the
+same problem), so every figure here traces back to a section with its own command, machine and date; it
+measures nothing itself. Writes the section `cpu_issue8`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _docs import DOC, write_section  # noqa: E402
+
+SECTIONS = ("kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3", "kernelbench_cpu_l3_13-25",
+            "kernelbench_cpu_l2_epilogues", "kernelbench_cpu_l2_today")
+
+
+def section_text(doc: str, name: str) -> str | None:
+    m = re.search(re.escape(f"<!-- {name}:start -->") + "(.*?)" + re.escape(f"<!-- {name}:end -->"), doc, re.S)
+    return m.group(1) if m else None
+
+
+def table_rows(text: str) -> dict[str, dict]:
+    """Measured rows of a section's per-problem table: key -> level, vs eager, vs compile, status."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 9 or not re.match(r"L\d+_\d+_", cells[0]):
+            continue
+        try:
+            vs_eager, vs_compile = float(cells[5]), float(cells[6])
+        except ValueError:  # skipped: –
+            continue
+        out[cells[0]] = {"level": int(cells[0][1:cells[0].index("_")]), "vs_eager": vs_eager,
+                         "vs_compile": vs_compile, "result": cells[8].split(":")[0]}
+    return out
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summary_lines(rows: dict[str, dict]) -> list[str]:
+    lines = ["| levels | measured | geomean vs eager | geomean vs torch.compile | worst vs torch.compile | "
+             "below 0.97x torch.compile |", "|---|---|---|---|---|---|"]
+    for label, levels in (("1", {1}), ("2", {2}), ("3", {3}), ("all", {1, 2, 3})):
+        rs = {k: r for k, r in rows.items() if r["level"] in levels}
+        if not rs:
+            continue
+        worst = min(rs, key=lambda k: rs[k]["vs_compile"])
+        below = sorted((k for k, r in rs.items() if r["vs_compile"] < 0.97), key=lambda k: rs[k]["vs_compile"])
+        lines.append(f"| {label} | {len(rs)} | {geomean([r['vs_eager'] for r in rs.values()]):.2f}x | "
+                     f"{geomean([r['vs_compile'] for r in rs.values()]):.2f}x | {rs[worst]['vs_compile']:.2f}x "
+                     f"({worst}) | " + (", ".join(f"{k.split('_', 2)[0]}_{k.split('_', 2)[1]} "
+                                                  f"{rs[k]['vs_compile']:.2f}x" for k in below) or "none") + " |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), help="in order; later rows replace earlier")
+    args = ap.parse_args()
+    doc = DOC.read_text()
+    rows: dict[str, dict] = {}
+    used = []
+    for name in args.sections:
+        text = section_text(doc, name)
+        if text is None:
+            continue
+        head = re.search(r"^- machine: (.*)$", text, re.M), re.search(r"^- date: (.*)$", text, re.M)
+        used.append(f"- `{name}`: {head[0].group(1) if head[0] else '?'}, {head[1].group(1) if head[1] else '?'}")
+        rows.update(table_rows(text))
+    body = "\n".join(["The chosen best (eager, torch.compile or a kernel, per problem) over every CPU-measured "
+                      "problem, from these sections (a later one's row replaces an earlier one's):\n", *used, "",
+                      *summary_lines(rows), "",
+                      "Ratios are side by side within each run; the sections ran on different days and machines "
+                      "and at capped tensor sizes, so this is a summary of what was measured, not one run.\n"])
+    print(body)
+    if not args.no_write:
+        write_section("cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)",
+                      "python benchmarks/cpu_suite_summary.py", body, machine_text="see the sections listed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
