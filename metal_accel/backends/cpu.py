@@ -166,7 +166,8 @@ def compile_flags() -> tuple[str, ...]:
     ma_vecmath.h into vector blends on ISAs without masked ops (AVX2), -fno-math-errno lets it inline
     sqrtf as a vector instruction; no result changes (kernels read neither FP flags nor errno)."""
     arch = "-mcpu=native" if sys.platform == "darwin" and platform.machine() == "arm64" else "-march=native"
-    return ("-O3", "-fno-trapping-math", "-fno-math-errno", arch, "-std=c++17", "-shared", "-fPIC", f"-I{config.include_dir()}", *openmp_flags())
+    return ("-O3", "-fno-trapping-math", "-fno-math-errno", arch, "-std=c++17", "-shared", "-fPIC",
+            f"-I{config.include_dir()}", *openmp_flags())
 
 
 @functools.cache

@@ -16,9 +16,9 @@
  *   ma_log1pf    log(1 + x)             few ulp, also for tiny x (log1pf(x) = x below 2^-24)
  *   ma_expm1f    exp(x) - 1             few ulp, also for tiny x; expm1(-0) = -0
  *
- * Kernels are compiled with -O3 -fno-trapping-math -march=native -fopenmp -std=c++17 (without
- * -fno-trapping-math GCC keeps the selects scalar on ISAs without masked vector ops, such as AVX2);
- * the header is also valid C99.
+ * Kernels are compiled with -O3 -fno-trapping-math -fno-math-errno -march=native -fopenmp -std=c++17
+ * (without -fno-trapping-math GCC keeps the selects scalar on ISAs without masked vector ops, such as
+ * AVX2); the header is also valid C99.
  * Cached verdicts of kernels are keyed by their own source, not by this header: keep the results
  * of existing functions stable (add new functions rather than changing old ones).
  */
