@@ -19,8 +19,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _docs import DOC, write_section  # noqa: E402
 
-SECTIONS = ("kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3", "kernelbench_cpu_l3_13-25",
-            "kernelbench_cpu_l2_epilogues", "kernelbench_cpu_l2_today")
+SECTIONS = ("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
+            "kernelbench_cpu_l3_13-25")
 
 
 def section_text(doc: str, name: str) -> str | None:
@@ -64,6 +64,15 @@ def summary_lines(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def verdict(rows: dict[str, dict]) -> str:
+    """Issue 8's CPU target over the measured problems, in one sentence."""
+    g = geomean([r["vs_compile"] for r in rows.values()])
+    below = sum(r["vs_compile"] < 0.97 for r in rows.values())
+    return (f"Against issue 8's CPU target over the {len(rows)} measured problems: geomean over torch.compile "
+            f"{g:.2f}x ({'at least' if g >= 1.15 else 'below'} 1.15x); at least 1.0x torch.compile on every problem: "
+            + ("met" if not below else f"not met, {below} problems below 0.97x (each section says why)") + ".\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true")
@@ -81,9 +90,9 @@ def main() -> int:
         rows.update(table_rows(text))
     body = "\n".join(["The chosen best (eager, torch.compile or a kernel, per problem) over every CPU-measured "
                       "problem, from these sections (a later one's row replaces an earlier one's):\n", *used, "",
-                      *summary_lines(rows), "",
-                      "Ratios are side by side within each run; the sections ran on different days and machines "
-                      "and at capped tensor sizes, so this is a summary of what was measured, not one run.\n"])
+                      *summary_lines(rows), "", verdict(rows),
+                      "Ratios are side by side within each run; the sections are separate runs (see their dates and "
+                      "machines) at capped tensor sizes, so this summarizes what was measured, not one run.\n"])
     print(body)
     if not args.no_write:
         write_section("cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)",
