@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -61,24 +60,19 @@ def _prove_all(suite: Path, keys: list[str], max_mb: str, out: Path) -> None:
     assert not wrong, wrong
 
 
+# (conftest skips needs_cxx tests without a compiler and gives every test its own user cache)
 needs_problems = pytest.mark.skipif(not KERNELBENCH.is_file(), reason="the shared KernelBench problem list is not present")
-needs_cxx = [pytest.mark.needs_cxx,
-             pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")]
 
 
 @needs_problems
-@needs_cxx[0]
-@needs_cxx[1]
-def test_level1_cpu_candidates_are_proven_correct_on_their_problems(tmp_path, monkeypatch):
-    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / "cache"))
+@pytest.mark.needs_cxx
+def test_level1_cpu_candidates_are_proven_correct_on_their_problems(tmp_path):
     _prove_all(KERNELBENCH, [p.stem for p in LEVEL1], "2", tmp_path / "out")
 
 
 @needs_problems
-@needs_cxx[0]
-@needs_cxx[1]
-def test_conv_epilogue_candidates_are_proven_correct_on_shrunk_problems(tmp_path, monkeypatch):
-    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / "cache"))
+@pytest.mark.needs_cxx
+def test_conv_epilogue_candidates_are_proven_correct_on_shrunk_problems(tmp_path):
     from metal_accel.problems import load_problems
     problems = {p.name: p for p in load_problems(KERNELBENCH) if p.level == 2}
     suite = tmp_path / "suite"

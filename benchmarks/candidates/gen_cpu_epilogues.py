@@ -3,8 +3,9 @@
     python benchmarks/candidates/gen_cpu_epilogues.py      # rewrites benchmarks/candidates/cpu/<name>.py
 
 Each candidate runs its convolution channels-last through PyTorch (oneDNN works on NHWC directly; on
-NCHW input it reorders to a blocked layout and back, and on the 2-core AMD EPYC a channels-last conv
-of level-2 shapes took 0.3-0.7x the NCHW time in a side-by-side probe), brings the result back to
+NCHW input it reorders to a blocked layout and back; a noisy side-by-side probe of the convs alone on
+the 2-core AMD EPYC had channels-last at 0.3-0.7x the NCHW time, but through the pipeline, layout
+conversions counted, most 2-D problems gained nothing: docs/benchmarks.md), brings the result back to
 NCHW, and applies the whole elementwise chain in one vectorized, multi-threaded pass instead of
 eager's one pass per op. The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one
 statement of each problem's formula, op by op in eager's order); the helpers below follow ATen's CPU

@@ -15,13 +15,15 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "cpu"
 
-ELEMENTWISE = r"""
+OP = r"""
 #include <cstdint>
 #include "ma_vecmath.h"
 static inline float op(float x, float p) {{
     {body}
 }}
-extern "C" void ew(const float* __restrict x, float* __restrict y, int64_t n, float p) {{
+"""
+
+ELEMENTWISE = OP + r"""extern "C" void ew(const float* __restrict x, float* __restrict y, int64_t n, float p) {{
     #pragma omp parallel for simd schedule(static) if(n > 32768)
     for (int64_t i = 0; i < n; ++i) y[i] = op(x[i], p);
 }}
@@ -29,13 +31,7 @@ extern "C" void ew(const float* __restrict x, float* __restrict y, int64_t n, fl
 
 # for ops whose positive branch is cheap (ELU, SELU): blocks without a non-positive element (or NaN)
 # skip the exp, as eager's kernels do; on all-positive inputs that is 4x less work
-ELEMENTWISE_POSITIVE = r"""
-#include <cstdint>
-#include "ma_vecmath.h"
-static inline float op(float x, float p) {{
-    {body}
-}}
-static inline float op_positive(float x, float p) {{
+ELEMENTWISE_POSITIVE = OP + r"""static inline float op_positive(float x, float p) {{
     {positive}
 }}
 extern "C" void ew(const float* __restrict x, float* __restrict y, int64_t n, float p) {{
@@ -239,10 +235,8 @@ def _doc(name: str, what: str) -> str:
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, (body, param) in ELEMENTWISE_SPECS.items():
-        if name in POSITIVE:
-            src = ELEMENTWISE_POSITIVE.format(body=body.replace("; ", ";\n    "), positive=POSITIVE[name])
-        else:
-            src = ELEMENTWISE.format(body=body.replace("; ", ";\n    "))
+        template = ELEMENTWISE_POSITIVE if name in POSITIVE else ELEMENTWISE
+        src = template.format(body=body.replace("; ", ";\n    "), positive=POSITIVE.get(name, ""))
         (OUT / f"{name}.py").write_text(_doc(name, "one vectorized, multi-threaded pass") + f'SOURCE = r"""{src}"""\n'
                                         "SHAPE_GENERIC = True\n" + ELEMENTWISE_HOST.format(param=param))
     for name, log_out in SOFTMAX_SPECS.items():
