@@ -1,6 +1,7 @@
 """DRAM bandwidth reached by the memory-bound CUDA kernels, against a device-to-device copy in the same run.
 
     python benchmarks/cuda_bandwidth.py [--mb 512] [--json out.json] [--problems .kb/problems.jsonl] [--only L1_41 ...]
+        [--variant L1_23_Softmax=path/to/other_kernel.py ...]
 
 Kernels: the shipped blocks (kernels_src/cuda) and the level-1 KernelBench candidates
 (benchmarks/candidates/cuda/L1_*), each at a size where its largest tensor is about --mb MB (the
@@ -125,12 +126,29 @@ def measure(name: str, model: torch.nn.Module, inputs: tuple, path: Path, copy_b
     return row
 
 
+def with_variants(cases: list[tuple[str, torch.nn.Module, tuple, Path]],
+                  variants: list[str]) -> list[tuple[str, torch.nn.Module, tuple, Path]]:
+    """Each case followed by its variants (NAME=FILE: the case named NAME... run with FILE's kernel)."""
+    out = []
+    for name, model, inputs, path in cases:
+        out.append((name, model, inputs, path))
+        for spec in variants:
+            key, sep, file = spec.partition("=")
+            if not sep:
+                sys.exit(f"--variant takes NAME=FILE, got {spec!r}")
+            if name.startswith(key):
+                out.append((f"{name} [{Path(file).stem}]", model, inputs, Path(file).resolve()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=512.0, help="size of each case's largest tensor, MB")
     ap.add_argument("--problems", default=str(ROOT / ".kb" / "problems.jsonl"))
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", nargs="*", default=[], help="time only the kernels whose name contains one of these")
+    ap.add_argument("--variant", nargs="*", default=[], metavar="NAME=FILE",
+                    help="also time FILE (a candidate file) on the case whose name starts with NAME, side by side")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("cuda_bandwidth.py needs a CUDA GPU")
@@ -144,6 +162,7 @@ def main() -> None:
         cases += level1_cases(Path(args.problems), args.mb)
     if args.only:
         cases = [c for c in cases if any(word in c[0] for word in args.only)]
+    cases = with_variants(cases, args.variant)
     for name, model, inputs, path in cases:
         try:
             row = measure(name, model, inputs, path, copy_bps)

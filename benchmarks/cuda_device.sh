@@ -28,7 +28,7 @@ for step in "$@"; do
       python3 benchmarks/cuda_overhead.py --profile --json "$OUT/overhead.json" 2>&1 | grep -v Warning > "$OUT/overhead.txt"
       head -14 "$OUT/overhead.txt" | tail -12 ;;
     bandwidth)  # DRAM bandwidth of the memory-bound kernels against a copy (benchmarks/cuda_bandwidth.py)
-      python3 benchmarks/cuda_bandwidth.py --mb ${BW_MB:-512} --problems "$PROBLEMS" --json "$OUT/bandwidth.json" ${BW_ONLY:+--only $BW_ONLY} 2>&1 \
+      python3 benchmarks/cuda_bandwidth.py --mb ${BW_MB:-512} --problems "$PROBLEMS" --json "$OUT/bandwidth.json" ${BW_ONLY:+--only $BW_ONLY} ${BW_ARGS:-} 2>&1 \
         | grep -v Warning | tee "$OUT/bandwidth.txt" ;;
     gap)  # installed torch.compile vs whole-model compile vs CUDA graph (benchmarks/compile_gap.py)
       python3 benchmarks/compile_gap.py --problems "$PROBLEMS" --level ${GAP_LEVEL:-2} --ids ${GAP_IDS:-25 32 44 49} \

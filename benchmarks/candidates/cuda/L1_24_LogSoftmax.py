@@ -1,8 +1,16 @@
 """LogSoftmax over very long rows: eager runs one block per row; here each row is split into chunks.
 Stage 1: per chunk, its max and the sum of exp(x - chunk max). Stage 2: each chunk combines its row's
 partials (every block the same way) and writes x - max - log(sum). 2 reads + 1 write on every SM.
-Rows of 64K to 464K floats (sm_90): one read and one write, through a cluster of 8 blocks per row
-(sm_cluster)."""
+Rows of 64K to 464K floats (sm_90): one read and one write, through clusters of 8 blocks that take
+rows one after another (sm_cluster), each block's slice of a row held in shared memory, the next row
+loaded while this one is written.
+
+H100, rows of 393,216 floats, batch 256 (bandwidth runs 16-17, docs/cuda/h100_bandwidth_run1[67].json,
+against a 3000-3007 GB/s copy): one cluster a row, loading then writing 337-339 us (79%); persistent
+clusters, each row loaded only after the last one was written, 346 us (77%), and with the next row's
+slice prefetched into L2 (cp.async.bulk.prefetch.L2) while writing 382 us (70%); persistent with the
+next row loaded while this one is written: 352 us (76%) with 2 float4 loads a thread in flight,
+334 us (80%) with 4, 321 us (84%) with 6, the kernel here."""
 SOURCE = r"""
 #include <cmath>
 #include <cooperative_groups.h>
@@ -78,65 +86,112 @@ __device__ __forceinline__ float rescaled(float s, float m, float M) {
     return m == -INFINITY ? (s != s ? s : 0.0f) : s * expf(m - M);
 }
 
+#ifndef SM_UNROLL
+#define SM_UNROLL 6  // float4 loads a thread has in flight
+#endif
+
+// the thread's running max m and sum s of exp(x - m), updated with v (NaN as eager: a NaN row)
+__device__ __forceinline__ void online_update(float4 v, float& m, float& s) {
+    const float vm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+    if (vm > m) { s *= expf(m - vm); m = vm; }
+    if (m != -INFINITY) s += (expf(v.x - m) + expf(v.y - m)) + (expf(v.z - m) + expf(v.w - m));
+    else if (v.x != v.x || v.y != v.y || v.z != v.z || v.w != v.w) s = NAN;
+}
+
+// Persistent: each cluster takes rows from *next_row until none is left (a cluster that starts late
+// takes fewer, so the grid may exceed what the device holds at once). A row's output is written
+// while the cluster's next row is loaded into the same shared memory, element by element (thread t
+// owns elements t, t + blockDim.x, ...), so every SM reads and writes DRAM at once and the only gap
+// a row is its reduction. block_max/block_sum/row_of are double-buffered by row parity, so one
+// cluster barrier a row suffices.
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024)
-sm_cluster(const float4* __restrict__ x, float4* __restrict__ y, long long D4, int slice4, int log_out) {
+sm_cluster(const float4* __restrict__ x, float4* __restrict__ y, int* __restrict__ next_row, int rows,
+           long long D4, int slice4, int log_out) {
     extern __shared__ float4 buf[];
     __shared__ float scratch[32];
-    __shared__ float block_max, block_sum;
+    __shared__ float block_max[2], block_sum[2];
+    __shared__ int row_of[2];
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned rank = cluster.block_rank();
-    const long long row = blockIdx.x / 8;
+    const int B = (int)blockDim.x, t = (int)threadIdx.x;
     const long long start = (long long)rank * slice4;
     const int n = (int)max(0LL, min((long long)slice4, D4 - start));
-    const float4* xr = x + row * D4 + start;
-    // one pass while loading: the thread's running max m and sum s of exp(x - m), loads issued 4 ahead
+    const float4 ninf = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    if (rank == 0 && t == 0) row_of[0] = atomicAdd(next_row, 1);
+    cluster.sync();
+    int row = *cluster.map_shared_rank(&row_of[0], 0);
     float m = -INFINITY, s = 0.0f;
-    for (int base = 0; base < n; base += 4 * (int)blockDim.x) {
-        float4 v[4];
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int i = base + k * (int)blockDim.x + (int)threadIdx.x;
-            v[k] = i < n ? __ldcs(xr + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-        }
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int i = base + k * (int)blockDim.x + (int)threadIdx.x;
-            if (i < n) buf[i] = v[k];
-            const float vm = fmaxf(fmaxf(v[k].x, v[k].y), fmaxf(v[k].z, v[k].w));
-            if (vm > m) { s *= expf(m - vm); m = vm; }
-            if (m != -INFINITY) s += (expf(v[k].x - m) + expf(v[k].y - m)) + (expf(v[k].z - m) + expf(v[k].w - m));
-            else if (v[k].x != v[k].x || v[k].y != v[k].y || v[k].z != v[k].z || v[k].w != v[k].w) s = NAN;  // as eager: NaN row
+    if (row < rows) {
+        const float4* xr = x + row * D4 + start;
+        for (int base = 0; base < n; base += SM_UNROLL * B) {
+            float4 v[SM_UNROLL];
+            #pragma unroll
+            for (int k = 0; k < SM_UNROLL; ++k) {
+                const int i = base + k * B + t;
+                v[k] = i < n ? __ldcs(xr + i) : ninf;
+            }
+            #pragma unroll
+            for (int k = 0; k < SM_UNROLL; ++k) {
+                const int i = base + k * B + t;
+                if (i < n) buf[i] = v[k];
+                online_update(v[k], m, s);
+            }
         }
     }
-    const float bm = block_reduce(m, true, scratch);
-    s = rescaled(s, m, bm);
-    s = block_reduce(s, false, scratch);
-    if (threadIdx.x == 0) { block_max = bm; block_sum = s; }
-    cluster.sync();
-    float M = -INFINITY;
-    for (unsigned r = 0; r < 8; ++r) M = fmaxf(M, *cluster.map_shared_rank(&block_max, r));
-    float S = 0.0f;
-    for (unsigned r = 0; r < 8; ++r) {
-        S += rescaled(*cluster.map_shared_rank(&block_sum, r), *cluster.map_shared_rank(&block_max, r), M);
+    for (int it = 0; row < rows; ++it) {
+        const int slot = it & 1;
+        if (rank == 0 && t == 0) row_of[slot ^ 1] = atomicAdd(next_row, 1);
+        const float bm = block_reduce(m, true, scratch);
+        s = rescaled(s, m, bm);
+        s = block_reduce(s, false, scratch);
+        if (t == 0) { block_max[slot] = bm; block_sum[slot] = s; }
+        cluster.sync();
+        float M = -INFINITY;
+        for (unsigned r = 0; r < 8; ++r) M = fmaxf(M, *cluster.map_shared_rank(&block_max[slot], r));
+        float S = 0.0f;
+        for (unsigned r = 0; r < 8; ++r) {
+            S += rescaled(*cluster.map_shared_rank(&block_sum[slot], r), *cluster.map_shared_rank(&block_max[slot], r), M);
+        }
+        const int next = *cluster.map_shared_rank(&row_of[slot ^ 1], 0);
+        const bool more = next < rows;
+        const float4* xn = x + (more ? next : row) * D4 + start;
+        float4* yr = y + row * D4 + start;
+        const float lS = logf(S);
+        m = -INFINITY;
+        s = 0.0f;
+        for (int base = 0; base < n; base += SM_UNROLL * B) {
+            float4 v[SM_UNROLL];
+            #pragma unroll
+            for (int k = 0; k < SM_UNROLL; ++k) {
+                const int i = base + k * B + t;
+                v[k] = more && i < n ? __ldcs(xn + i) : ninf;
+            }
+            #pragma unroll
+            for (int k = 0; k < SM_UNROLL; ++k) {
+                const int i = base + k * B + t;
+                if (i < n) {
+                    const float4 u = buf[i];
+                    float4 o;
+                    if (log_out) {
+                        o.x = (u.x - M) - lS; o.y = (u.y - M) - lS; o.z = (u.z - M) - lS; o.w = (u.w - M) - lS;
+                    } else {
+                        o.x = expf(u.x - M) / S; o.y = expf(u.y - M) / S; o.z = expf(u.z - M) / S; o.w = expf(u.w - M) / S;
+                    }
+                    __stcs(yr + i, o);
+                    buf[i] = v[k];
+                }
+                online_update(v[k], m, s);
+            }
+        }
+        row = next;
     }
     cluster.sync();  // no block may exit while another still reads its shared memory
-    float4* yr = y + row * D4 + start;
-    const float lS = logf(S);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float4 v = buf[i];
-        float4 o;
-        if (log_out) {
-            o.x = (v.x - M) - lS; o.y = (v.y - M) - lS; o.z = (v.z - M) - lS; o.w = (v.w - M) - lS;
-        } else {
-            o.x = expf(v.x - M) / S; o.y = expf(v.y - M) / S; o.z = expf(v.z - M) / S; o.w = expf(v.w - M) / S;
-        }
-        __stcs(yr + i, o);
-    }
 }
 """
 SHAPE_GENERIC = True
 CHUNK = 16384
 CLUSTER = 8
+MAX_CLUSTERS = 16  # an H100 holds 16 clusters of 8 at one block an SM; more only start as others finish
 SMEM_LIMIT = 232192  # 227 KiB opt-in shared memory per block on sm_90, less the kernel's static arrays
 
 
@@ -147,7 +202,9 @@ def forward(module, x):
     y = torch.empty_like(xc)
     slice4 = (D // 4 + CLUSTER - 1) // CLUSTER
     if D % 4 == 0 and D >= 65536 and slice4 * 16 <= SMEM_LIMIT:
-        lib.sm_cluster(xc, y, D // 4, slice4, 1, grid=(rows * CLUSTER,), block=(1024,), shared_mem=slice4 * 16)
+        next_row = torch.zeros(1, dtype=torch.int32, device=xc.device)
+        lib.sm_cluster(xc, y, next_row, rows, D // 4, slice4, 1, grid=(min(rows, MAX_CLUSTERS) * CLUSTER,), block=(1024,),
+                       shared_mem=slice4 * 16)
         return y
     chunks = (D + CHUNK - 1) // CHUNK
     part = torch.empty(rows * chunks * 2, dtype=torch.float32, device=xc.device)
