@@ -42,6 +42,11 @@ class Pipeline:
         return self.try_compile and supports_compile(self.backend)
 
     @property
+    def _file_providers(self) -> list[Provider]:
+        """Providers that propose up front (files), which no prompt size limits."""
+        return [p for p in self.providers if not isinstance(p, InteractiveProvider)]
+
+    @property
     def env(self) -> Environment:
         return self.backend.environment()
 
@@ -64,7 +69,7 @@ class Pipeline:
         if not call.replaceable:
             rep.reason = call.unsupported
             return
-        if call.compile_only and not self._compiles:
+        if call.compile_only and not self._compiles and not self._file_providers:
             rep.reason = call.compile_only
             return
         covering = [a for a in self._ancestors(call) if id(a) in self.installed]
@@ -155,12 +160,12 @@ class Pipeline:
             request.compile_us = ev.verdict.kernel_us
             if ev.verdict.kernel_us is not None and any(isinstance(p, InteractiveProvider) for p in self.providers):
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
-        if call.compile_only:
-            if self.providers:
-                rep.rejected.append(f"LLM providers not asked: {call.compile_only}")
-            return evaluations
+        if call.compile_only and len(self._file_providers) < len(self.providers):
+            rep.rejected.append(f"LLM providers not asked: {call.compile_only}")
         for provider in self.providers:
             if isinstance(provider, InteractiveProvider):
+                if call.compile_only:  # too large for a prompt; files of candidates have no such limit
+                    continue
                 try:
                     evaluations += provider.synthesize(request, lambda cand: self.evaluate(call, key, cand))
                 except MetalAccelError as exc:  # not configured, out of budget, no usable answer

@@ -13,7 +13,7 @@ import torch
 import metal_accel
 from metal_accel import cache as cache_mod
 
-from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Net
+from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Chain, Net
 
 pytestmark = pytest.mark.needs_cxx
 KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}  # validate.TOLERANCES for float32
@@ -258,3 +258,25 @@ def test_a_rejected_kernel_names_its_graph_replay_too_where_one_was_timed():
     assert why.startswith(direct.reason) and "replayed as a CUDA graph: not faster: 0.52x" in why
     failed = rejection_reason(direct, {"graph_launch": "not possible: RuntimeError: capture failed"})
     assert "replayed as a CUDA graph: not possible: RuntimeError" in failed
+
+
+class WideChain(Chain):
+    """A Chain with more submodules than an LLM prompt takes (capture.MAX_COMPOSITE_MODULES)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = torch.nn.ModuleList(torch.nn.Identity() for _ in range(20))
+
+
+def test_file_candidates_are_tried_for_composites_too_large_for_a_prompt(tmp_path):
+    from metal_accel.capture import llm_limit
+    model, x = WideChain().eval(), torch.randn(4, 256)
+    assert llm_limit(model)  # no LLM would be asked for it
+    folder = tmp_path / "cands" / "cpu"
+    folder.mkdir(parents=True)
+    (folder / "WideChain.py").write_text(GOOD)
+    ref = run(model, x)
+    metal_accel.optimize(model, (x,), providers=[f"dir:{tmp_path / 'cands'}"])
+    rep = next(m for m in metal_accel.explain(model).modules if m.name == "WideChain")
+    assert rep.status == "kernel", rep
+    torch.testing.assert_close(run(model, x), ref, **KERNEL_TOL)
