@@ -25,6 +25,13 @@ class ModuleView:
     def __repr__(self) -> str:
         return f"ModuleView({', '.join(sorted(self.__dict__))})"
 
+    def __getitem__(self, index: int) -> ModuleView:
+        """A numbered child (nn.Sequential, nn.ModuleList), as module.downsample[0]; nothing else."""
+        child = self.__dict__.get(str(index)) if type(index) is int and index >= 0 else None
+        if not isinstance(child, ModuleView):
+            raise IndexError(f"no child {index!r}")
+        return child
+
 
 class ModuleLayout:
     """Where a module's parameters and buffers live, and its static config, per submodule path."""

@@ -55,6 +55,12 @@ def _is_const(node: ast.expr) -> bool:
     return False
 
 
+def _is_child_index(node: ast.expr) -> bool:
+    """A literal non-negative int or a local name: the index of a numbered child (module.layers[0],
+    module.layers[i]); ModuleView.__getitem__ accepts nothing but an int that names a child."""
+    return isinstance(node, ast.Name) or (isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0)
+
+
 def _params(fn: ast.FunctionDef) -> list[ast.arg]:
     a = fn.args
     return a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else [])
@@ -255,6 +261,22 @@ class _Checker:
         while isinstance(base, ast.Attribute):
             attrs.append(base.attr)
             base = base.value
+        # a numbered child of the module (nn.Sequential, nn.ModuleList): module.downsample[0].weight
+        sub: ast.expr = base
+        indices: list[ast.expr] = []
+        while isinstance(sub, ast.Subscript) and _is_child_index(sub.slice):
+            indices.append(sub.slice)
+            sub = sub.value
+            while isinstance(sub, ast.Attribute):
+                sub = sub.value
+        if sub is not base and isinstance(sub, ast.Name) and sub.id == "module" and self.has_module:
+            while base is not sub:  # the whole chain, indices skipped: every name in it is checked below
+                if isinstance(base, ast.Attribute):
+                    attrs.append(base.attr)
+                base = base.value
+            for index in indices:
+                if isinstance(index, ast.Name):
+                    self._name(index)
         attrs.reverse()
         line = node.lineno
         for a in attrs:

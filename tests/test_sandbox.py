@@ -263,3 +263,57 @@ def test_load_forward_poison_reaches_host_code() -> None:
 def test_load_forward_rejects_before_running() -> None:
     with pytest.raises(SandboxError, match="import"):
         load_forward("import os\nSOURCE = ''\ndef forward(module):\n    return 1\n", None)
+
+
+NUMBERED = textwrap.dedent('''
+    def forward(module, x):
+        y = F.linear(x, module.layers[0].weight)
+        for i in range(1, 2):
+            y = y * module.layers[i].scale
+        return y + module.layers[2][1].bias
+''')
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self, s: float) -> None:
+        super().__init__()
+        self.scale = s
+
+
+def _numbered() -> torch.nn.Module:
+    m = torch.nn.Module()
+    m.layers = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), _Scale(2.0),
+                                   torch.nn.Sequential(torch.nn.Identity(), torch.nn.Linear(4, 4)))
+    return m.eval()
+
+
+def test_numbered_children_reachable_by_index() -> None:
+    from metal_accel.ops import ModuleLayout
+    module = _numbered()
+    layout = ModuleLayout(module)
+    fwd = load_forward(NUMBERED, _Lib())
+    x = torch.randn(3, 4)
+    expect = module.layers[0](x) * 2.0 + module.layers[2][1].bias
+    torch.testing.assert_close(fwd(layout.view(layout.gather()), x), expect)
+
+
+@pytest.mark.parametrize("body, construct", [
+    ("y = module.layers[0]._parameters", "private attribute"),
+    ("y = module.layers[0].__dict__", "dunder attribute"),
+    ("y = module.layers[-1].weight", "weight is not an allowed tensor attribute"),
+    ("y = module.layers['0'].weight", "weight is not an allowed tensor attribute"),
+    ("y = module.layers[j].weight", "undefined name"),
+])
+def test_numbered_children_checked_like_attributes(body: str, construct: str) -> None:
+    _rejects(body, construct, 1)
+
+
+def test_numbered_child_index_must_name_a_child_at_run_time() -> None:
+    from metal_accel.ops import ModuleLayout
+    layout = ModuleLayout(_numbered())
+    view = layout.view(layout.gather())
+    for bad in (3, "0", 1.0, -1):
+        with pytest.raises(IndexError):
+            view.layers[bad]
+    with pytest.raises(IndexError):
+        view.layers[0][0]  # a Linear has no numbered children
