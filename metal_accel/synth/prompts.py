@@ -93,7 +93,9 @@ def sandbox_rules(language: str) -> str:
         "- Tensor methods: " + ", ".join(sorted(TENSOR_METHODS)) + "; attributes: "
         + ", ".join(sorted(TENSOR_ATTRS)) + ".",
         "- `module` is a read-only view of the module: read its tensors and plain attributes "
-        "(`module.weight`, `module.eps`, `module.proj.weight`); submodules cannot be called, methods neither.",
+        "(`module.weight`, `module.eps`, `module.proj.weight`, a numbered child of an nn.Sequential or "
+        "nn.ModuleList as `module.layers[0].weight` or `module.layers[i].bias`); submodules cannot be called, "
+        "methods neither.",
         "- Allowed statements: assignment, if, for, return, assert, arithmetic, comparisons, subscripts, "
         "tuple/list literals and comprehensions; top-level constants and plain helper functions.",
         "- Forbidden: import, while, try, with, lambda, class, raise, del, global, f-strings, dict/set "
