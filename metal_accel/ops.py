@@ -32,6 +32,13 @@ class ModuleView:
             raise IndexError(f"no child {index!r}")
         return child
 
+    def __len__(self) -> int:
+        """How many numbered children (0, 1, ...) there are, as len(nn.Sequential)."""
+        n = 0
+        while isinstance(self.__dict__.get(str(n)), ModuleView):
+            n += 1
+        return n
+
 
 class ModuleLayout:
     """Where a module's parameters and buffers live, and its static config, per submodule path."""

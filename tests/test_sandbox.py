@@ -317,3 +317,4 @@ def test_numbered_child_index_must_name_a_child_at_run_time() -> None:
             view.layers[bad]
     with pytest.raises(IndexError):
         view.layers[0][0]  # a Linear has no numbered children
+    assert len(view.layers) == 3 and len(view.layers[2]) == 2 and len(view.layers[0]) == 0
