@@ -11,6 +11,7 @@ from an earlier run's output directory instead of running again.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -38,13 +39,23 @@ def bench_command(args: argparse.Namespace, out: str) -> list[str]:
             "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
 
 
+def suite_table(out: Path) -> str:
+    """The run's markdown table: suite.md, or rendered from suite.json (raw data kept in docs/cpu)."""
+    if (out / "suite.md").is_file():
+        return (out / "suite.md").read_text()
+    from metal_accel.suite_report import markdown
+    from metal_accel.suite_result import SuiteResult
+    doc = out if out.suffix == ".json" else out / "suite.json"
+    return markdown(SuiteResult.from_dict(json.loads(doc.read_text())))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", type=int, default=2)
     parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30 or 1,2,7")
     parser.add_argument("--section", help="the docs/benchmarks.md section to write (default: from level and ids)")
     parser.add_argument("--max-tensor-mb", type=float, default=2.0)
-    parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory")
+    parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory, or its suite.json")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     out = args.from_dir or tempfile.mkdtemp(prefix="kernelbench_cpu_")
@@ -53,7 +64,7 @@ def main() -> int:
         env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
         subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True, env=env,
                        cwd=ROOT)
-    table = (Path(out) / "suite.md").read_text()
+    table = suite_table(Path(out))
     body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and the CPU kernel "
             "candidates of benchmarks/candidates/cpu, under the same proof and speed gate; the table times eager, "
             "torch.compile of the whole Model and the chosen best side by side (medians, interleaved). "

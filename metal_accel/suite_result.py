@@ -90,5 +90,12 @@ class SuiteResult:
                 "command": self.command, "summary": {str(lv): self.summary(lv) for lv in self.levels()} |
                 {"all": self.summary()}, "rows": [asdict(r) for r in self.rows]}
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> SuiteResult:
+        """The result `to_dict` wrote (suite.json), to render again."""
+        fields = set(Row.__dataclass_fields__)
+        return cls([Row(**{k: v for k, v in r.items() if k in fields}) for r in doc["rows"]], doc["environment"],
+                   (doc.get("dram_bandwidth_gbs") or 0) * 1e9 or None, doc.get("command", ""))
+
     def levels(self) -> list[int]:
         return sorted({r.level for r in self.rows if r.level is not None})
