@@ -175,3 +175,13 @@ def test_a_problem_too_large_for_the_cap_is_skipped_not_run(tmp_path):
     row = run_problem(p, [], backend="cpu", device="cpu", max_tensor_mb=1.0)
     assert row.status == "skipped" and "17 MB tensor exceeds --max-tensor-mb 1" in row.reason
     assert "no batch_size" in row.reason and row.eager_us is None
+
+
+def test_suite_result_reads_back_what_it_wrote():
+    rows = [Row("L2_1_A", 2, 1, "A", batch=4, attempted=True, status="kernel", eager_us=10.0, compile_us=8.0,
+                kernel_us=5.0, vs_eager=2.0, vs_compile=1.6, rejected=["x: slower"]),
+            Row("L2_2_B", 2, 2, "B", status="skipped", reason="too large")]
+    res = SuiteResult(rows, {"torch": "2.13.0"}, 3.0e12, "metal-accel bench ...")
+    again = SuiteResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert again.rows == res.rows and again.dram_bandwidth == res.dram_bandwidth
+    assert markdown(again) == markdown(res)
