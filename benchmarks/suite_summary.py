@@ -1,11 +1,11 @@
-"""Issue 8 on the CPU over the visible KernelBench suite: the chosen best against eager and torch.compile,
-per level and for all levels, from the CPU sections of docs/benchmarks.md.
+"""Issue 8 over the visible KernelBench suite: the chosen best against eager and torch.compile, per level and
+for all levels, from the sections of docs/benchmarks.md measured on one kind of machine.
 
-    python benchmarks/cpu_suite_summary.py [--no-write] [--sections kernelbench_cpu_l1 ...]
+    python benchmarks/suite_summary.py --device cpu|cuda [--no-write] [--sections NAME ...]
 
-Reads the per-problem tables of the named sections (a later section's row replaces an earlier one for the
+Reads the per-problem tables of the device's sections (a later section's row replaces an earlier one for the
 same problem), so every figure here traces back to a section with its own command, machine and date; it
-measures nothing itself. Writes the section `cpu_issue8`.
+measures nothing itself. Writes the section `cpu_issue8` or `cuda_issue8`.
 """
 from __future__ import annotations
 
@@ -19,8 +19,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _docs import DOC, write_section  # noqa: E402
 
-SECTIONS = ("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
-            "kernelbench_cpu_l3_13-25")
+# per device: the sections in the order they were measured, the section written, its title
+PROFILES = {
+    "cpu": (("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
+             "kernelbench_cpu_l3_13-25", "kernelbench_cpu_l2_gn_mean"),
+            "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)"),
+    "cuda": (("cuda_h100", "cuda_h100_best", "cuda_h100_graph", "cuda_h100_nhwc", "cuda_h100_l1", "cuda_h100_l1c",
+              "cuda_h100_bw", "cuda_h100_s10"),
+             "cuda_issue8", "CUDA on an NVIDIA H100: issue 8 over the measured KernelBench suite (summary of the "
+             "H100 sections)"),
+}
 
 
 def section_text(doc: str, name: str) -> str | None:
@@ -33,14 +41,14 @@ def table_rows(text: str) -> dict[str, dict]:
     out = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 9 or not re.match(r"L\d+_\d+_", cells[0]):
+        if len(cells) < 8 or not re.match(r"L\d+_\d+_", cells[0]):
             continue
         try:
             vs_eager, vs_compile = float(cells[5]), float(cells[6])
         except ValueError:  # skipped: –
             continue
         out[cells[0]] = {"level": int(cells[0][1:cells[0].index("_")]), "vs_eager": vs_eager,
-                         "vs_compile": vs_compile, "result": cells[8].split(":")[0]}
+                         "vs_compile": vs_compile, "result": cells[8 if len(cells) >= 10 else 7].split(":")[0]}
     return out
 
 
@@ -64,39 +72,41 @@ def summary_lines(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
-def verdict(rows: dict[str, dict]) -> str:
-    """Issue 8's CPU target over the measured problems, in one sentence."""
+def verdict(rows: dict[str, dict], device: str) -> str:
+    """Issue 8's target over the measured problems, in one sentence."""
     g = geomean([r["vs_compile"] for r in rows.values()])
     below = sum(r["vs_compile"] < 0.97 for r in rows.values())
-    return (f"Against issue 8's CPU target over the {len(rows)} measured problems: geomean over torch.compile "
+    return (f"Against issue 8's {device.upper()} target over the {len(rows)} measured problems: geomean over torch.compile "
             f"{g:.2f}x ({'at least' if g >= 1.15 else 'below'} 1.15x); at least 1.0x torch.compile on every problem: "
-            + ("met" if not below else f"not met, {below} problems below 0.97x (each section says why)") + ".\n")
+            + ("met" if not below else f"not met, {below} problem{'s' if below > 1 else ''} below 0.97x (each section says why)") + ".\n")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=sorted(PROFILES), required=True)
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), help="in order; later rows replace earlier")
+    ap.add_argument("--sections", nargs="+", help="in order; later rows replace earlier (default: the device's)")
     args = ap.parse_args()
+    sections, out_section, title = PROFILES[args.device]
     doc = DOC.read_text()
     rows: dict[str, dict] = {}
     used = []
-    for name in args.sections:
+    for name in args.sections or sections:
         text = section_text(doc, name)
         if text is None:
             continue
         head = re.search(r"^- machine: (.*)$", text, re.M), re.search(r"^- date: (.*)$", text, re.M)
         used.append(f"- `{name}`: {head[0].group(1) if head[0] else '?'}, {head[1].group(1) if head[1] else '?'}")
         rows.update(table_rows(text))
-    body = "\n".join(["The chosen best (eager, torch.compile or a kernel, per problem) over every CPU-measured "
-                      "problem, from these sections (a later one's row replaces an earlier one's):\n", *used, "",
-                      *summary_lines(rows), "", verdict(rows),
+    body = "\n".join([f"The chosen best (eager, torch.compile or a kernel, per problem) over every {args.device.upper()}-"
+                      "measured problem, from these sections (a later one's row replaces an earlier one's):\n", *used,
+                      "", *summary_lines(rows), "", verdict(rows, args.device),
                       "Ratios are side by side within each run; the sections are separate runs (see their dates and "
                       "machines) at capped tensor sizes, so this summarizes what was measured, not one run.\n"])
     print(body)
     if not args.no_write:
-        write_section("cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)",
-                      "python benchmarks/cpu_suite_summary.py", body, machine_text="see the sections listed")
+        write_section(out_section, title, f"python benchmarks/suite_summary.py --device {args.device}", body,
+                      machine_text="see the sections listed")
     return 0
 
 
