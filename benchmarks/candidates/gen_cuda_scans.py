@@ -7,8 +7,9 @@ One kernel serves all four: a block of 512 threads owns a row and walks it in ti
 with warp shuffles and one shared-memory step, and its total carried into the next tile. The row is
 read once and written once. Reverse scans walk the row from its end; the exclusive scan writes the
 running sum before adding the element; the masked scan multiplies by the mask as eager does
-(NaN * 0 stays NaN). L1_90 (cumprod) has no candidate: a parallel product overflows to Inf at other
-positions than eager's association order does, which the proof rejects (as it rejected inductor's).
+(NaN * 0 stays NaN). L1_90 (cumprod) is not generated here: a product in another association order
+overflows to Inf at other positions than eager's (the proof rejected inductor's for that), so its own
+candidate, L1_90_cumprod.py, follows eager's order exactly.
 """
 from __future__ import annotations
 
