@@ -48,6 +48,7 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 
 CONFIDENCE_Z = 2.326  # one-sided 99%
+LATER_LOOK_Z = 2.576  # one-sided 99.5%: each extra look after an inconclusive first one (alpha spent: 2% in all)
 
 
 def median_lower_bound(xs: Sequence[float], z: float = CONFIDENCE_Z) -> float:
@@ -124,7 +125,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
                   warmup: int = 5, min_reps: int = 30, max_reps: int = 500, budget_s: float = 1.0,
                   check: Check | None = None, check_every: int = 8,
                   flush: Callable[[], None] | None = None, timer: Timer | None = None,
-                  attempts: int = 2, retry_pause_s: float = 0.5) -> BenchResult:
+                  attempts: int = 2, retry_pause_s: float = 0.5, extra_looks: int = 2) -> BenchResult:
     """Time eager and kernel alternately on rotating inputs; accept only a win beyond the noise.
 
     Accepted when the median speedup is at least 1 + margin and, with 99% confidence, the kernel wins
@@ -139,7 +140,10 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     clock); a sample it raises TimingRejected for is taken again, and when more than a quarter of
     the samples are refused the measurement starts over after `retry_pause_s` (a burst of host
     load, e.g. compilers running beside it, passes), up to `attempts` times in all, and is then
-    reported as unreliable, not accepted.
+    reported as unreliable, not accepted. A win the pairs do not yet show (median past the margin,
+    bound not above 1) gets up to `extra_looks` more rounds of pairs, each judged on all pairs so
+    far at a stricter bound (LATER_LOOK_Z), so chance wins stay under 2% in all: on a noisy host a
+    real 1.3x win was otherwise lost to 30 pairs.
     """
     timer = timer or time_call
     if not input_sets:
@@ -162,15 +166,27 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
                            statistics.median(k_times) * 1e6 if k_times else 0.0, 0.0, 0.0, 0.0, 0.0, rep, False,
                            f"unreliable timing: the timer refused {refused} samples in {attempt + 1} attempts "
                            f"({rejected} in the last, over {rep} pairs; device and host clocks disagree)", refused)
-    e_med, k_med = statistics.median(e_times), statistics.median(k_times)
-    speedup = e_med / k_med if k_med > 0 else float("inf")
-    ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
-    p25, low = _quantile(ratios, 0.25), median_lower_bound(ratios)
+    looks = 0
+    while True:
+        e_med, k_med = statistics.median(e_times), statistics.median(k_times)
+        speedup = e_med / k_med if k_med > 0 else float("inf")
+        ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
+        p25, low = _quantile(ratios, 0.25), median_lower_bound(ratios, LATER_LOOK_Z if looks else CONFIDENCE_Z)
+        if speedup < 1 + margin or low > 1.0 or looks >= extra_looks or rep >= max_reps:
+            break
+        looks += 1
+        more_e, more_k, more, rejected, unreliable = _sample_pairs(
+            eager, kernel, input_sets, sync, timer, min_reps, max_reps - rep, budget_s, check, check_every, flush)
+        refused += rejected
+        if unreliable:  # judge what was measured before the burst
+            break
+        e_times, k_times, rep = e_times + more_e, k_times + more_k, rep + more
+    bound = "99.5% bound, after more pairs" if looks else "99% bound"
     if speedup < 1 + margin:
         accepted, reason = False, f"not faster: {speedup:.2f}x eager (needs >= {1 + margin:.2f}x)"
     elif low <= 1.0:
         accepted, reason = False, (f"within noise: median {speedup:.2f}x eager but over {rep} interleaved pairs "
-                                   f"the median pair's speedup may be as low as {low:.2f}x (99% bound)")
+                                   f"the median pair's speedup may be as low as {low:.2f}x ({bound})")
     else:
         accepted, reason = True, f"{speedup:.2f}x eager over {rep} interleaved pairs"
     return BenchResult(e_med * 1e6, k_med * 1e6, speedup, p25, _spread(e_times), _spread(k_times),

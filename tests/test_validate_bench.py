@@ -270,3 +270,39 @@ def test_speed_gate_times_the_callers_own_inputs():
     other = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (torch.rand(2, 8),), {})
     fresh = timing_inputs(other, torch.device("cpu"))
     assert fresh[0][0][0].shape == x.shape and (fresh[0][0][0] < 0).any()
+
+
+def _scripted_timer(eager_times):
+    """A timer that reports the kernel at 1 ms and eager at the next of EAGER_TIMES (deterministic)."""
+    it = iter(eager_times)
+
+    def timer(fn, args, kwargs, sync):
+        return (next(it) if fn.__name__ == "eager" else 0.001), None
+    return timer
+
+
+def _named(name):
+    def fn(*args):
+        return None
+    fn.__name__ = name
+    return fn
+
+
+def test_an_inconclusive_win_gets_more_pairs_and_a_stricter_bound():
+    # first 30 pairs: 14 where the kernel loses (0.95x), 16 where it wins 1.3x: median 1.3x, bound below 1;
+    # the next 30 pairs all show 1.3x
+    first = [0.00095] * 14 + [0.0013] * 16
+    timer = _scripted_timer(first + [0.0013] * 30)
+    res = compare_speed(_named("eager"), _named("kernel"), [((), {})], timer=timer, min_reps=30, max_reps=500,
+                        budget_s=0.0, warmup=0)
+    assert res.accepted and res.reps == 60, res
+    once = compare_speed(_named("eager"), _named("kernel"), [((), {})], timer=_scripted_timer(first), min_reps=30,
+                         max_reps=500, budget_s=0.0, warmup=0, extra_looks=0)
+    assert not once.accepted and "within noise" in once.reason and once.reps == 30
+
+
+def test_more_pairs_do_not_turn_a_coin_flip_into_a_win():
+    noisy = [0.00095, 0.0013] * 200  # the kernel loses every other pair, at every look
+    res = compare_speed(_named("eager"), _named("kernel"), [((), {})], timer=_scripted_timer(noisy), min_reps=30,
+                        max_reps=500, budget_s=0.0, warmup=0)
+    assert not res.accepted and res.reps == 90 and "99.5% bound, after more pairs" in res.reason, res
