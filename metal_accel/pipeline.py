@@ -42,9 +42,14 @@ class Pipeline:
         return self.try_compile and supports_compile(self.backend)
 
     @property
-    def _file_providers(self) -> list[Provider]:
-        """Providers that propose up front (files), which no prompt size limits."""
-        return [p for p in self.providers if not isinstance(p, InteractiveProvider)]
+    def _asks_llms(self) -> bool:
+        """Some provider writes candidates from prompts (and so is bound by the prompt size limit)."""
+        return any(isinstance(p, InteractiveProvider) for p in self.providers)
+
+    @property
+    def _reads_files(self) -> bool:
+        """Some provider proposes candidates up front (files), which no prompt size limits."""
+        return not all(isinstance(p, InteractiveProvider) for p in self.providers)
 
     @property
     def env(self) -> Environment:
@@ -69,7 +74,7 @@ class Pipeline:
         if not call.replaceable:
             rep.reason = call.unsupported
             return
-        if call.compile_only and not self._compiles and not self._file_providers:
+        if call.compile_only and not self._compiles and not self._reads_files:
             rep.reason = call.compile_only
             return
         covering = [a for a in self._ancestors(call) if id(a) in self.installed]
@@ -158,9 +163,9 @@ class Pipeline:
             if kind != "inductor":
                 continue
             request.compile_us = ev.verdict.kernel_us
-            if ev.verdict.kernel_us is not None and any(isinstance(p, InteractiveProvider) for p in self.providers):
+            if ev.verdict.kernel_us is not None and self._asks_llms:
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
-        if call.compile_only and len(self._file_providers) < len(self.providers):
+        if call.compile_only and self._asks_llms:
             rep.rejected.append(f"LLM providers not asked: {call.compile_only}")
         for provider in self.providers:
             if isinstance(provider, InteractiveProvider):
