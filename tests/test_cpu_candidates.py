@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = sorted((ROOT / "benchmarks" / "candidates" / "cpu").glob("*.py"))
 LEVEL1 = [p for p in CANDIDATES if p.stem.startswith("L1_")]
 BY_NAME = [p for p in CANDIDATES if not p.stem.startswith("L")]  # named after a level-2 problem
+KERNELBENCH = ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"
 SPATIAL = re.compile(r"^((?:depth|height|width|D|H|W)(?:\s*[,=]\s*(?:depth|height|width|D|H|W))*)\s*=\s*([\d, ]+)$", re.M)
 
 
@@ -32,7 +33,6 @@ def shrink_spatial(code: str, size: int = 8) -> tuple[str, int]:
     `height = width = 128`) set to SIZE, and how many such lines there were."""
     return SPATIAL.subn(lambda m: m.group(1) + " = " + ", ".join([str(size)] * len(re.findall(r"\d+", m.group(2)))),
                         code)
-KERNELBENCH = ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"
 
 
 def test_there_are_cpu_candidates():
