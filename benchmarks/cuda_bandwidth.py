@@ -129,15 +129,15 @@ def measure(name: str, model: torch.nn.Module, inputs: tuple, path: Path, copy_b
 def with_variants(cases: list[tuple[str, torch.nn.Module, tuple, Path]],
                   variants: list[str]) -> list[tuple[str, torch.nn.Module, tuple, Path]]:
     """Each case followed by its variants (NAME=FILE: the case named NAME... run with FILE's kernel)."""
+    pairs = [spec.partition("=") for spec in variants]
+    bad = [key for key, sep, _ in pairs if not sep]
+    if bad:
+        sys.exit(f"--variant takes NAME=FILE, got {bad[0]!r}")
     out = []
     for name, model, inputs, path in cases:
         out.append((name, model, inputs, path))
-        for spec in variants:
-            key, sep, file = spec.partition("=")
-            if not sep:
-                sys.exit(f"--variant takes NAME=FILE, got {spec!r}")
-            if name.startswith(key):
-                out.append((f"{name} [{Path(file).stem}]", model, inputs, Path(file).resolve()))
+        out += [(f"{name} [{Path(file).stem}]", model, inputs, Path(file).resolve())
+                for key, _, file in pairs if name.startswith(key)]
     return out
 
 
