@@ -26,7 +26,8 @@ from .specs import call_signature
 from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
-from .validate import ValidationResult, judge, make_trials, spot_check
+from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
+from .validate import Trial, ValidationResult, judge, make_trials, spot_check
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
 log = logging.getLogger(__name__)
@@ -104,35 +105,42 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         for alt in sweep_specs(call.spec):
             trials += make_trials(alt, device, dists=("normal", "uniform"))
     t0 = time.perf_counter()
-    if settings.isolate:
-        req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
-               "code": cand.code, "source": cand.source, "static": layout.static, "slots": layout.tensor_slots,
-               "state": [_cpu(t) for t in layout.gather()],
-               "trials": [{"args": [_cpu(a) for a in t.args], "kwargs": {k: _cpu(v) for k, v in t.kwargs.items()}}
-                          for t in trials]}
-        try:
-            reply = shared_worker().request(req, settings.timeout_s)
-        except WorkerFailure as exc:
-            return reject(f"isolated run {exc}")
-        if not reply["ok"]:
-            stage = "compile error" if reply.get("stage") == "compile" else "failed in the worker"
-            return reject(f"{stage}: {reply['error']}")
-        timings["compile_s"] = float(reply.get("compile_s", 0.0))
-        results = reply["results"]
-    else:
+
+    def run_trials(trials: list[Trial], state: list[torch.Tensor]) -> list[dict[str, Any]] | str:
+        """The candidate's results on TRIALS with STATE as the module's tensors, or why it failed to run."""
+        if settings.isolate:
+            req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
+                   "code": cand.code, "source": cand.source, "static": layout.static, "slots": layout.tensor_slots,
+                   "state": [_cpu(t) for t in state],
+                   "trials": [{"args": [_cpu(a) for a in t.args], "kwargs": {k: _cpu(v) for k, v in t.kwargs.items()}}
+                              for t in trials]}
+            try:
+                reply = shared_worker().request(req, settings.timeout_s)
+            except WorkerFailure as exc:
+                return f"isolated run {exc}"
+            if not reply["ok"]:
+                stage = "compile error" if reply.get("stage") == "compile" else "failed in the worker"
+                return f"{stage}: {reply['error']}"
+            timings["compile_s"] = timings.get("compile_s", 0.0) + float(reply.get("compile_s", 0.0))
+            return reply["results"]
         from .validate import run_trial
         try:
             lib = backend.compile(cand.source)
         except MetalAccelError as exc:
-            return reject(f"compile error: {exc}")
+            return f"compile error: {exc}"
         poisoned = load_forward(cand.code, kernels_only(lib), poison=True)
         with torch.inference_mode():
-            results = [run_trial(lambda *a, **k: poisoned(layout.view(layout.gather()), *a, **k), t.args, t.kwargs,
-                                 layout.gather(), repeat=(i == 0), sync=backend.synchronize)
-                       for i, t in enumerate(trials)]
+            return [run_trial(lambda *a, **k: poisoned(layout.view(state), *a, **k), t.args, t.kwargs,
+                              state, repeat=(i == 0), sync=backend.synchronize) for i, t in enumerate(trials)]
+
+    results = run_trials(trials, layout.gather())
+    if isinstance(results, str):
+        return reject(results)
     t1 = time.perf_counter()
     with torch.inference_mode(), eager_only():
         result = judge(trials, results, original, float64_reference(module, original))
+    if result.degenerate:
+        result = prove_perturbed(result, module, original, call, device, layout.gather(), run_trials)
     timings["isolated_run_s"] = t1 - t0  # worker round trip: compile (if not cached) and the trials
     timings["judge_s"] = time.perf_counter() - t1
     if not result.ok:
@@ -186,21 +194,57 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     return Evaluation(cand, v, installed, bench)
 
 
-TIMING_SETS = 8
+def prove_perturbed(first: ValidationResult, module: torch.nn.Module, original: Callable[..., Any],
+                    call: ModuleCall, device: torch.device, state: list[torch.Tensor],
+                    run_trials: Callable[[list[Trial], list[torch.Tensor]], list[dict[str, Any]] | str]
+                    ) -> ValidationResult:
+    """The proof of a degenerate problem (FIRST: every trial passed, and so would a trivial output), decided
+    by trials with the module's state set to random values (perturb.py): the candidate must match eager there
+    too, and a trivial output must not. The module's own state is restored before this returns."""
+    assert call.spec is not None
+    floating = [t for t in state if t.is_floating_point() and t.numel()]
+    if not floating:
+        return first
+    values = perturbed_values(state, secrets.randbits(62))
+    trials = make_trials(call.spec, device, dists=PERTURBED_DISTS)
+    results = run_trials(trials, values)
+    if isinstance(results, str):
+        return ValidationResult(False, f"with random module state: {results}", first.trials)
+    with swapped_state(state, values), torch.inference_mode(), eager_only():
+        second = judge(trials, results, original, float64_reference(module, original))
+    if second.ok or second.degenerate:
+        reason = (f"{first.reason.split(':')[0]} at the module's own state; with random parameters and buffers: "
+                  + (second.reason if second.ok else "still degenerate, so no kernel can be proven correct"))
+        return ValidationResult(second.ok, reason, first.trials + second.trials, second.max_abs_err,
+                                second.max_norm_err, second.mismatch_fraction, second.details, not second.ok)
+    return ValidationResult(False, f"with random module state: {second.reason}", first.trials + second.trials,
+                            second.max_abs_err, second.max_norm_err, second.mismatch_fraction)
+
+
+TIMING_SETS = 8           # input sets the speed gate cycles through, so no call reuses the last one's inputs
+TIMING_BYTES = 1 << 30    # ...fewer (two at least) where eight would take more memory than this
+
+
+def timing_set_count(call: ModuleCall) -> int:
+    nbytes = sum(a.numel() * a.element_size() for a in (*call.args, *call.kwargs.values())
+                 if isinstance(a, torch.Tensor))
+    return max(2, min(TIMING_SETS, TIMING_BYTES // max(nbytes, 1)))
 
 
 def timing_inputs(call: ModuleCall, device: torch.device) -> list[tuple[tuple, dict]]:
     """The input sets the speed gate times on: copies of the call's own example inputs, the values the
     user runs, since speed can depend on them (eager's ELU skips expm1 where every input is positive:
     4x faster than a kernel that always computes it on KernelBench's all-positive inputs, 2x slower on
-    normal ones); fresh normal inputs where the example does not match the spec."""
+    normal ones); fresh normal inputs where the example does not match the spec. Eight sets, or as many
+    as fit in TIMING_BYTES (two at least): large inputs defeat the caches on their own."""
+    sets = timing_set_count(call)
     if call_signature(call.args, call.kwargs) == call.spec.signature():
         def copy(v: Any) -> Any:
             return v.detach().clone() if isinstance(v, torch.Tensor) else v
         return [(tuple(copy(a) for a in call.args), {k: copy(v) for k, v in call.kwargs.items()})
-                for _ in range(TIMING_SETS)]
+                for _ in range(sets)]
     gen = torch.Generator().manual_seed(secrets.randbits(62))
-    return [make_inputs(call.spec, "normal", gen, device) for _ in range(TIMING_SETS)]
+    return [make_inputs(call.spec, "normal", gen, device) for _ in range(sets)]
 
 
 def graph_alternative(op: Any, module: torch.nn.Module, call: ModuleCall,

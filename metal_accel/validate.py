@@ -44,6 +44,7 @@ class ValidationResult:
     max_norm_err: float = 0.0
     mismatch_fraction: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    degenerate: bool = False  # every trial also passed with a trivial output: not a proof (see perturb.py)
 
 
 @dataclass
@@ -286,7 +287,7 @@ def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference:
     strong = [t for t in trials if t.dist != SPECIAL]
     if strong and len(weak) == len(strong):
         return ValidationResult(False, "degenerate problem: on every trial a trivial output would pass "
-                                f"({weak[0]}), so no kernel can be proven correct", len(trials))
+                                f"({weak[0]}), so no kernel can be proven correct", len(trials), degenerate=True)
     return ValidationResult(True, f"matched eager on {len(trials)} trials", len(trials), worst["max_abs_err"],
                             worst["norm_err"], worst["mismatch_fraction"], {"weak_trials": weak})
 

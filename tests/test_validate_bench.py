@@ -272,6 +272,18 @@ def test_speed_gate_times_the_callers_own_inputs():
     assert fresh[0][0][0].shape == x.shape and (fresh[0][0][0] < 0).any()
 
 
+def test_speed_gate_holds_fewer_copies_of_large_inputs(monkeypatch):
+    from metal_accel import prove
+    from metal_accel.capture import ModuleCall
+
+    x = torch.rand(256, 1024)  # 1 MiB
+    call = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (x,), {})
+    monkeypatch.setattr(prove, "TIMING_BYTES", 3 << 20)
+    assert len(prove.timing_inputs(call, torch.device("cpu"))) == 3
+    monkeypatch.setattr(prove, "TIMING_BYTES", 1 << 10)
+    assert len(prove.timing_inputs(call, torch.device("cpu"))) == 2  # two at least: no call reuses the last inputs
+
+
 def _scripted_timer(eager_times):
     """A timer that reports the kernel at 1 ms and eager at the next of EAGER_TIMES (deterministic)."""
     it = iter(eager_times)
