@@ -162,7 +162,8 @@ def body() -> str:
     return "\n".join(parts)
 
 
-def render(doc: str, text: str, section: str, title: str, command: str, env_file: str, date: str) -> int:
+def render(doc: str, text: str, section: str, title: str, command: str, env_file: str, date: str,
+           kind: str = "nvidia-h100-x1") -> int:
     """Print TEXT (--no-write) or write it as SECTION of docs/benchmarks.md, machine read from ENV_FILE."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="print the section instead of writing docs/benchmarks.md")
@@ -172,7 +173,7 @@ def render(doc: str, text: str, section: str, title: str, command: str, env_file
     env = (DATA / env_file).read_text().splitlines()
     from _docs import write_section
     write_section(section, title, command, text, date=date, machine_text=f"{env[1]} (name, driver, memory, max SM "
-                  "clock), torch 2.11.0+cu130; the device tool's nvidia-h100-x1 machine")
+                  "clock), torch 2.11.0+cu130; the device tool's " + kind + " machine")
     return 0
 
 

@@ -14,21 +14,25 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _docs import DOC, write_section  # noqa: E402
 
-# per device: the sections in the order they were measured, the section written, its title
+SUITE = HERE.parent.parent / "shared" / "kernelbench" / "problems.jsonl"
+
+# per device: the sections in the order they were measured, the section written, its title, and sections of
+# another card whose rows count only for problems the device's own sections never measured
 PROFILES = {
     "cpu": (("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
              "kernelbench_cpu_l3_13-25", "kernelbench_cpu_l2_gn_mean", "kernelbench_cpu_l2_46_11",
              "kernelbench_cpu_l2_regate"),
-            "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)"),
+            "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)", ()),
     "cuda": (("cuda_h100", "cuda_h100_best", "cuda_h100_graph", "cuda_h100_nhwc", "cuda_h100_l1", "cuda_h100_l1c",
-              "cuda_h100_bw", "cuda_h100_s10"),
-             "cuda_issue8", "CUDA on an NVIDIA H100: issue 8 over the measured KernelBench suite (summary of the "
-             "H100 sections)"),
+              "cuda_h100_bw", "cuda_h100_s10", "cuda_h100_s11"),
+             "cuda_issue8", "CUDA: issue 8 over the measured KernelBench suite (summary of the H100 sections, and the "
+             "H200 one for problems no H100 run measured)", ("cuda_h200_s11",)),
 }
 
 
@@ -82,28 +86,63 @@ def verdict(rows: dict[str, dict], device: str) -> str:
             + ("met" if not below else f"not met, {below} problem{'s' if below > 1 else ''} below 0.97x (each section says why)") + ".\n")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=sorted(PROFILES), required=True)
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--sections", nargs="+", help="in order; later rows replace earlier (default: the device's)")
-    args = ap.parse_args()
-    sections, out_section, title = PROFILES[args.device]
-    doc = DOC.read_text()
+def read_sections(doc: str, names: Sequence[str]) -> tuple[dict[str, dict], list[str]]:
+    """The measured rows of NAMES (a later section's row replaces an earlier one's) and a line per section."""
     rows: dict[str, dict] = {}
     used = []
-    for name in args.sections or sections:
+    for name in names:
         text = section_text(doc, name)
         if text is None:
             continue
         head = re.search(r"^- machine: (.*)$", text, re.M), re.search(r"^- date: (.*)$", text, re.M)
         used.append(f"- `{name}`: {head[0].group(1) if head[0] else '?'}, {head[1].group(1) if head[1] else '?'}")
         rows.update(table_rows(text))
-    body = "\n".join([f"The chosen best (eager, torch.compile or a kernel, per problem) over every {args.device.upper()}-"
-                      "measured problem, from these sections (a later one's row replaces an earlier one's):\n", *used,
-                      "", *summary_lines(rows), "", verdict(rows, args.device),
-                      "Ratios are side by side within each run; the sections are separate runs (see their dates and "
-                      "machines) at capped tensor sizes, so this summarizes what was measured, not one run.\n"])
+    return rows, used
+
+
+def suite_keys() -> list[str] | None:
+    """Every problem of the visible suite (../shared/kernelbench), or None where it is absent."""
+    if not SUITE.is_file():
+        return None
+    from metal_accel.problems import load_problems
+    from metal_accel.suite_problem import problem_key
+    return [problem_key(p) for p in load_problems(SUITE)]
+
+
+def short(key: str) -> str:
+    return "_".join(key.split("_", 2)[:2])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=sorted(PROFILES), required=True)
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--sections", nargs="+", help="in order; later rows replace earlier (default: the device's)")
+    args = ap.parse_args()
+    sections, out_section, title, others = PROFILES[args.device]
+    doc = DOC.read_text()
+    rows, used = read_sections(doc, args.sections or sections)
+    lines = [f"The chosen best (eager, torch.compile or a kernel, per problem) over every {args.device.upper()}-"
+             "measured problem, from these sections (a later one's row replaces an earlier one's):\n", *used,
+             "", *summary_lines(rows), "", verdict(rows, args.device)]
+    other_rows, other_used = read_sections(doc, others)
+    extra = {k: r for k, r in other_rows.items() if k not in rows}
+    if extra:
+        both = {**rows, **extra}
+        lines += [f"Measured on another card only ({len(extra)} problems: "
+                  + ", ".join(short(k) for k in sorted(extra, key=lambda k: (extra[k]['level'], k))) + "), from:\n",
+                  *other_used, "", "With those rows added (each ratio from one card, side by side in one run):\n",
+                  *summary_lines(both), "", verdict(both, args.device)]
+        rows = both
+    keys = suite_keys()
+    if keys is not None:
+        missing = [k for k in keys if k not in rows]
+        lines.append(f"Of the {len(keys)} problems of the visible suite, {len(keys) - len(missing)} are measured; "
+                     + (f"not measured: {', '.join(short(k) for k in missing)} (the sections say why).\n"
+                        if missing else "none is left unmeasured.\n"))
+    lines.append("Ratios are side by side within each run; the sections are separate runs (see their dates and "
+                 "machines) at capped tensor sizes, so this summarizes what was measured, not one run.\n")
+    body = "\n".join(lines)
     print(body)
     if not args.no_write:
         write_section(out_section, title, f"python benchmarks/suite_summary.py --device {args.device}", body,
