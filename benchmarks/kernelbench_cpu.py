@@ -1,6 +1,7 @@
 """KernelBench on the CPU through the pipeline, torch.compile included as a candidate (issue 8).
 
     python benchmarks/kernelbench_cpu.py [--level 2] [--ids 1-30] [--max-tensor-mb 2] [--from DIR] [--section NAME]
+    python benchmarks/kernelbench_cpu.py --keys L1_12 L2_20 ... --section NAME [--max-tensor-mb 128] [--from DIR]
 
 Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
 eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
@@ -33,9 +34,9 @@ def parse_ids(text: str) -> list[str]:
 
 
 def bench_command(args: argparse.Namespace, out: str) -> list[str]:
-    ids = parse_ids(args.ids)
+    which = ["--problems", *args.keys] if args.keys else ["--level", str(args.level), "--problems", *parse_ids(args.ids)]
     return ["metal-accel", "bench", str(ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"), "--backend", "cpu",
-            "--provider", "dir:benchmarks/candidates", "--level", str(args.level), "--problems", *ids, "--max-tensor-mb", str(args.max_tensor_mb),
+            "--provider", "dir:benchmarks/candidates", *which, "--max-tensor-mb", str(args.max_tensor_mb),
             "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
 
 
@@ -53,11 +54,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", type=int, default=2)
     parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30 or 1,2,7")
+    parser.add_argument("--keys", nargs="+", help="problems of any level, e.g. L1_12 L2_20 (needs --section)")
     parser.add_argument("--section", help="the docs/benchmarks.md section to write (default: from level and ids)")
     parser.add_argument("--max-tensor-mb", type=float, default=2.0)
     parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory, or its suite.json")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.keys and not args.section:
+        parser.error("--keys needs --section")
     out = args.from_dir or tempfile.mkdtemp(prefix="kernelbench_cpu_")
     cmd = bench_command(args, "OUT")
     if not args.from_dir:
@@ -76,9 +80,10 @@ def main() -> int:
         section = args.section or ("kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}")
         if not args.section and not args.ids.startswith("1-"):  # a later range of the level: a section of its own
             section += f"_{args.ids}"
-        write_section(section, f"CPU: KernelBench level {args.level} (problems {args.ids}), "
-                      "best of eager / torch.compile / kernels", "python benchmarks/kernelbench_cpu.py "
-                      f"--level {args.level} --ids {args.ids} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
+        which = f"--keys {' '.join(args.keys)}" if args.keys else f"--level {args.level} --ids {args.ids}"
+        what = f"problems {', '.join(args.keys)}" if args.keys else f"level {args.level} (problems {args.ids})"
+        write_section(section, f"CPU: KernelBench {what}, best of eager / torch.compile / kernels",
+                      f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
                       + shlex.join(cmd) + ")", body)
     return 0
 
