@@ -20,8 +20,8 @@ KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}  # validate.TOLERANCES for float32
 HERE = Path(__file__).parent
 
 
-def candidates(tmp_path: Path, **files: str) -> str:
-    folder = tmp_path / "cands" / "cpu" / "Chain"
+def candidates(tmp_path: Path, cls: str = "Chain", **files: str) -> str:
+    folder = tmp_path / "cands" / "cpu" / cls
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)

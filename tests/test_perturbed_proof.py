@@ -1,14 +1,14 @@
 """Degenerate problems (a trivial output passes every trial) are proven with random module state."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
 import metal_accel
 from metal_accel.perturb import perturbed_values, swapped_state
+
+from test_optimize import candidates
 
 
 class FreshNorm(nn.Module):
@@ -54,14 +54,6 @@ def forward(module, x):
 '''
 
 
-def provider(tmp_path: Path, **files: str) -> str:
-    folder = tmp_path / "cands" / "cpu" / "FreshNorm"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / f"{name}.py").write_text(text)
-    return f"dir:{tmp_path / 'cands'}"
-
-
 def report(model: nn.Module, name: str = "FreshNorm") -> metal_accel.ModuleReport:
     return next(m for m in metal_accel.explain(model).modules if m.name == name)
 
@@ -95,13 +87,13 @@ def test_copy_kernel_is_caught_and_a_real_one_is_proven(tmp_path, monkeypatch):
     x = torch.randn(512, 256)
     model = FreshNorm().eval()
     before = [t.clone() for t in model.state_dict().values()]
-    metal_accel.optimize(model, (x,), providers=[provider(tmp_path, copy=COPY)], progress=False)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, "FreshNorm", copy=COPY)], progress=False)
     rep = report(model)
     assert rep.status == "eager" and "with random module state" in rep.reason, rep
     assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values()))  # state restored
 
     model = FreshNorm().eval()
-    metal_accel.optimize(model, (x,), providers=[provider(tmp_path / "b", norm=NORM)], progress=False)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path / "b", "FreshNorm", norm=NORM)], progress=False)
     rep = report(model)
     # proven (the speed gate decides the rest): the reason is about speed, not correctness
     assert "incorrect" not in rep.reason and "degenerate" not in rep.reason, rep
