@@ -81,7 +81,9 @@ def main() -> int:
         if not args.section and not args.ids.startswith("1-"):  # a later range of the level: a section of its own
             section += f"_{args.ids}"
         which = f"--keys {' '.join(args.keys)}" if args.keys else f"--level {args.level} --ids {args.ids}"
-        what = f"problems {', '.join(args.keys)}" if args.keys else f"level {args.level} (problems {args.ids})"
+        levels = sorted({k.split("_")[0] for k in args.keys or ()})
+        what = (f"{len(args.keys)} problems of {', '.join(levels)}" if args.keys
+                else f"level {args.level} (problems {args.ids})")
         write_section(section, f"CPU: KernelBench {what}, best of eager / torch.compile / kernels",
                       f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
                       + shlex.join(cmd) + ")", body)
