@@ -51,7 +51,6 @@ these problems were measured there, not on the H100; ratios are side by side wit
 """
 
 
-
 def after(example: str) -> str:
     return ("Where eager is the chosen best here, torch.compile was not faster within the gate's noise: the matrix "
             "multiplications and convolutions run one cuBLAS or cuDNN call either way (inductor's own convolution "
@@ -63,17 +62,18 @@ def ordered(runs: tuple[str, ...]) -> list[dict]:
 
 
 def main() -> int:
-    code = render(__doc__, "\n".join([H100_INTRO, *per_problem(ordered(H100_RUNS)), "", after("up to 1.40x on L1_55")]), "cuda_h100_s11",
+    h100 = "\n".join([H100_INTRO, *per_problem(ordered(H100_RUNS)), "", after("up to 1.40x on L1_55")])
+    h200 = "\n".join([H200_INTRO, *per_problem(ordered(H200_RUNS)), "", after("2.4x and 2.7x on L1_63 and L1_87")])
+    code = render(__doc__, h100, "cuda_h100_s11",
                   "CUDA on an NVIDIA H100: the problems earlier runs left out for size (runs 30-32)",
                   "ATTEMPTED= BENCH_MB=4400|1100|270 BENCH_BUDGET=0.4 BENCH_ARGS=\"--compile-candidate --problems "
                   "...\" bash benchmarks/cuda_device.sh setup bench  (then python benchmarks/cuda_report_s11.py)",
                   "h100_env_run30.txt", "2026-11-25")
-    return code or render(__doc__, "\n".join([H200_INTRO, *per_problem(ordered(H200_RUNS)), "",
-                                     after("2.4x and 2.7x on L1_63 and L1_87")]),
-                          "cuda_h200_s11", "CUDA on an NVIDIA H200: the last of the problems left out for size "
-                          "(runs 8-9)", "ATTEMPTED= BENCH_MB=270|1100|540 BENCH_BUDGET=0.4 BENCH_ARGS=\"--compile-"
-                          "candidate --problems ...\" bash benchmarks/cuda_device.sh setup bench  (then python "
-                          "benchmarks/cuda_report_s11.py)", "h200_env_run8.txt", "2026-11-25", kind="nvidia-h200")
+    return code or render(__doc__, h200, "cuda_h200_s11", "CUDA on an NVIDIA H200: the last of the problems left "
+                          "out for size (runs 8-9)", "ATTEMPTED= BENCH_MB=270|1100|540 BENCH_BUDGET=0.4 "
+                          "BENCH_ARGS=\"--compile-candidate --problems ...\" bash benchmarks/cuda_device.sh setup "
+                          "bench  (then python benchmarks/cuda_report_s11.py)", "h200_env_run8.txt", "2026-11-25",
+                          kind="nvidia-h200")
 
 
 if __name__ == "__main__":

@@ -21,25 +21,23 @@ def perturbed_values(state: Sequence[torch.Tensor], seed: int) -> list[torch.Ten
     """Random replacements for STATE: floating tensors get new values of a similar scale (a tensor with no
     negative entry, such as a running variance, stays positive); other tensors keep their values."""
     gen = torch.Generator().manual_seed(seed)
-    out: list[torch.Tensor] = []
-    seen: dict[int, torch.Tensor] = {}  # a tensor listed twice (tied weights) gets one value
+    by_tensor: dict[int, torch.Tensor] = {}  # a tensor listed twice (tied weights) gets one value
     for t in state:
-        if id(t) in seen:
-            out.append(seen[id(t)])
-            continue
-        if not t.is_floating_point() or not t.numel():
-            seen[id(t)] = t.detach().clone()
-            out.append(seen[id(t)])
-            continue
-        ref = t.detach().to("cpu", torch.float32)
-        scale = float(ref.abs().mean()) or 1.0
-        if bool((ref >= 0).all()) and bool((ref > 0).any()):
-            new = ref * torch.empty(ref.shape).uniform_(0.5, 2.0, generator=gen) + 0.1 * scale
-        else:
-            new = ref + scale * torch.randn(ref.shape, generator=gen)
-        seen[id(t)] = new.to(t.device, t.dtype)
-        out.append(seen[id(t)])
-    return out
+        if id(t) not in by_tensor:
+            by_tensor[id(t)] = _replacement(t, gen)
+    return [by_tensor[id(t)] for t in state]
+
+
+def _replacement(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if not t.is_floating_point() or not t.numel():
+        return t.detach().clone()
+    ref = t.detach().to("cpu", torch.float32)
+    scale = float(ref.abs().mean()) or 1.0
+    if bool((ref >= 0).all()) and bool((ref > 0).any()):
+        new = ref * torch.empty(ref.shape).uniform_(0.5, 2.0, generator=gen) + 0.1 * scale
+    else:
+        new = ref + scale * torch.randn(ref.shape, generator=gen)
+    return new.to(t.device, t.dtype)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
-from .validate import Trial, ValidationResult, judge, make_trials, spot_check
+from .validate import Trial, ValidationResult, judge, make_trials, spot_check, tensors_of
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
 log = logging.getLogger(__name__)
@@ -202,8 +202,7 @@ def prove_perturbed(first: ValidationResult, module: torch.nn.Module, original: 
     by trials with the module's state set to random values (perturb.py): the candidate must match eager there
     too, and a trivial output must not. The module's own state is restored before this returns."""
     assert call.spec is not None
-    floating = [t for t in state if t.is_floating_point() and t.numel()]
-    if not floating:
+    if not any(t.is_floating_point() and t.numel() for t in state):
         return first
     values = perturbed_values(state, secrets.randbits(62))
     trials = make_trials(call.spec, device, dists=PERTURBED_DISTS)
@@ -226,8 +225,7 @@ TIMING_BYTES = 1 << 30    # ...fewer (two at least) where eight would take more 
 
 
 def timing_set_count(call: ModuleCall) -> int:
-    nbytes = sum(a.numel() * a.element_size() for a in (*call.args, *call.kwargs.values())
-                 if isinstance(a, torch.Tensor))
+    nbytes = sum(t.numel() * t.element_size() for t in tensors_of(call.args, call.kwargs))
     return max(2, min(TIMING_SETS, TIMING_BYTES // max(nbytes, 1)))
 
 
