@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -23,13 +22,12 @@ from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
 from .errors import CacheError
 from .ops import KernelOp, kernel_op
-from .perturb import swapped_state
-from .prove import (ProofSettings, backend_timer, float64_reference, kernels_only, prove, prove_perturbed,
+from .prove import (ProofSettings, backend_timer, float64_reference, kernels_only, prove, streamed_proof,
                     timing_inputs)
 from .sandbox import load_forward
 from .specs import InputSpec, OutputSpec
 from .synth.base import Evaluation
-from .validate import Trial, judge, make_trials, run_trial, spot_check
+from .validate import Trial, run_trial, spot_check, trial_plan
 
 log = logging.getLogger(__name__)
 COMPILE_CODE = "torch.compile(forward, fullgraph=True, dynamic=False)"  # the candidate's identity (and meaning)
@@ -144,19 +142,15 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
                 op(tuple(call.args), dict(call.kwargs), [])
         except Exception as exc:
             return reject(f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-    trials = make_trials(call.spec, device)
     original = eager_forward(module)
     state = [*module.parameters(), *module.buffers()]
 
-    def run_trials(trials: list[Trial], values: list[torch.Tensor]) -> list[dict[str, Any]]:
-        with swapped_state(state, values) if values is not state else nullcontext(), torch.inference_mode():
-            return [run_trial(lambda *a, **k: op(a, k, []), t.args, t.kwargs, [], repeat=(i == 0),
-                              sync=backend.synchronize) for i, t in enumerate(trials)]
-    results = run_trials(trials, state)
-    with torch.inference_mode(), eager_only():
-        result = judge(trials, results, original, float64_reference(module, original))
-    if result.degenerate:
-        result = prove_perturbed(result, module, original, call, device, state, run_trials)
+    def run_trials(trials: list[Trial]) -> list[dict[str, Any]]:
+        return [run_trial(lambda *a, **k: op(a, k, []), t.args, t.kwargs, [], repeat=(i == 0),
+                          sync=backend.synchronize) for i, t in enumerate(trials)]
+    with torch.inference_mode():  # torch.compile is trusted code: the references share the trials' inputs
+        result = streamed_proof(trial_plan(call.spec), device, run_trials, module, original, state, copies=False)
+    assert not isinstance(result, str)  # run_trials reports a failing call in its results, never as a str
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
     probe = Dispatcher(module, original, strict=True)

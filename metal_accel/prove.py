@@ -27,7 +27,8 @@ from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
-from .validate import Trial, ValidationResult, judge, make_trials, spot_check, tensors_of
+from .validate import (Judge, Trial, TrialPlan, ValidationResult, run_and_judge, spot_check, tensors_of,
+                       trial_batches, trial_plan)
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
 log = logging.getLogger(__name__)
@@ -100,14 +101,14 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     original = eager_forward(module)
     layout = disp.layout if disp else Dispatcher(module, original).layout
     device = device_of(call)
-    trials = make_trials(call.spec, device)
+    plan = trial_plan(call.spec)
     if settings.sweep and declares_shape_generic(cand.code):
         for alt in sweep_specs(call.spec):
-            trials += make_trials(alt, device, dists=("normal", "uniform"))
-    t0 = time.perf_counter()
+            plan += trial_plan(alt, ("normal", "uniform"))
 
-    def run_trials(trials: list[Trial], state: list[torch.Tensor]) -> list[dict[str, Any]] | str:
-        """The candidate's results on TRIALS with STATE as the module's tensors, or why it failed to run."""
+    def run_trials(trials: list[Trial]) -> list[dict[str, Any]] | str:
+        """The candidate's results on TRIALS, the module's tensors as they are now, or why it failed to run."""
+        state = layout.gather()
         if settings.isolate:
             req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
                    "code": cand.code, "source": cand.source, "static": layout.static, "slots": layout.tensor_slots,
@@ -133,16 +134,14 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
             return [run_trial(lambda *a, **k: poisoned(layout.view(state), *a, **k), t.args, t.kwargs,
                               state, repeat=(i == 0), sync=backend.synchronize) for i, t in enumerate(trials)]
 
-    results = run_trials(trials, layout.gather())
-    if isinstance(results, str):
-        return reject(results)
-    t1 = time.perf_counter()
-    with torch.inference_mode(), eager_only():
-        result = judge(trials, results, original, float64_reference(module, original))
-    if result.degenerate:
-        result = prove_perturbed(result, module, original, call, device, layout.gather(), run_trials)
-    timings["isolated_run_s"] = t1 - t0  # worker round trip: compile (if not cached) and the trials
-    timings["judge_s"] = time.perf_counter() - t1
+    t0 = time.perf_counter()
+    # the worker gets copies of the inputs; an in-process candidate gets the trial's own, so references need theirs
+    copies = not settings.isolate
+    with torch.inference_mode():
+        result = streamed_proof(plan, device, run_trials, module, original, layout.gather(), copies)
+    timings["proof_s"] = time.perf_counter() - t0  # the trials: compile (if not cached), runs and judging
+    if isinstance(result, str):
+        return reject(result)
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
     try:
@@ -194,23 +193,35 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     return Evaluation(cand, v, installed, bench)
 
 
-def prove_perturbed(first: ValidationResult, module: torch.nn.Module, original: Callable[..., Any],
-                    call: ModuleCall, device: torch.device, state: list[torch.Tensor],
-                    run_trials: Callable[[list[Trial], list[torch.Tensor]], list[dict[str, Any]] | str]
-                    ) -> ValidationResult:
-    """The proof of a degenerate problem (FIRST: every trial passed, and so would a trivial output), decided
-    by trials with the module's state set to random values (perturb.py): the candidate must match eager there
-    too, and a trivial output must not. The module's own state is restored before this returns."""
-    assert call.spec is not None
+TRIAL_BATCH_BYTES = 256 << 20  # a proof makes, runs and judges as many trials at a time as fit in this
+
+
+RunTrials = Callable[[list[Trial]], "list[dict[str, Any]] | str"]
+
+
+def streamed_proof(plan: TrialPlan, device: torch.device, run_trials: RunTrials, module: torch.nn.Module,
+                   original: Callable[..., Any], state: list[torch.Tensor], copies: bool,
+                   max_bytes: int | None = None) -> ValidationResult | str:
+    """The proof of one candidate: the PLAN's trials, a batch at a time (RUN_TRIALS gives the candidate's results
+    on the module's state as it is when called, or why it could not run: a str), judged against eager; a
+    degenerate problem then gets a second round with random module state (perturb.py), whose results decide."""
+    def reference(*args: Any, **kwargs: Any) -> Any:
+        with eager_only():
+            return original(*args, **kwargs)
+    ref64 = float64_reference(module, original)
+    max_bytes = max_bytes or TRIAL_BATCH_BYTES
+    first = run_and_judge(trial_batches(plan, device, copies=copies, max_bytes=max_bytes), run_trials,
+                          Judge(reference, ref64))
+    if isinstance(first, str) or not first.degenerate:
+        return first
     if not any(t.is_floating_point() and t.numel() for t in state):
         return first
     values = perturbed_values(state, secrets.randbits(62))
-    trials = make_trials(call.spec, device, dists=PERTURBED_DISTS)
-    results = run_trials(trials, values)
-    if isinstance(results, str):
-        return ValidationResult(False, f"with random module state: {results}", first.trials)
-    with swapped_state(state, values), torch.inference_mode(), eager_only():
-        second = judge(trials, results, original, float64_reference(module, original))
+    with swapped_state(state, values):
+        second = run_and_judge(trial_batches(trial_plan(plan[0][0], PERTURBED_DISTS), device, copies=copies,
+                                             max_bytes=max_bytes), run_trials, Judge(reference, ref64))
+    if isinstance(second, str):
+        return ValidationResult(False, f"with random module state: {second}", first.trials)
     if second.ok or second.degenerate:
         reason = (f"{first.reason.split(':')[0]} at the module's own state; with random parameters and buffers: "
                   + (second.reason if second.ok else "still degenerate, so no kernel can be proven correct"))

@@ -38,22 +38,59 @@ def _fill(n: int, dtype: torch.dtype, spec: TensorSpec, dist: str, gen: torch.Ge
     return out
 
 
+def _special_values(dtype: torch.dtype) -> torch.Tensor:
+    info = torch.finfo(dtype)
+    return torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), info.tiny / 4,
+                         -info.tiny / 4, info.max / 4, -info.max / 4, 1e4, -1e4, -1.0], dtype=dtype)
+
+
 def _sprinkle_special(out: torch.Tensor, gen: torch.Generator) -> None:
     """Overwrite about 1/8 of the elements with special values, at random positions."""
-    info = torch.finfo(out.dtype)
-    specials = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), info.tiny / 4,
-                             -info.tiny / 4, info.max / 4, -info.max / 4, 1e4, -1e4, -1.0], dtype=out.dtype)
+    specials = _special_values(out.dtype)
     n = out.numel()
     count = max(1, n // 8)
     where = torch.randperm(n, generator=gen)[:count]
     out[where] = specials[torch.randint(0, len(specials), (count,), generator=gen)]
 
 
+DEVICE_FILL_NUMEL = 1 << 24  # CUDA tensors this large are drawn on the GPU, seeded from the secret generator
+
+
+def _fill_on_device(n: int, dtype: torch.dtype, dist: str, gen: torch.Generator, device: torch.device
+                    ) -> torch.Tensor:
+    """`_fill` for large floating CUDA tensors: drawn there (seconds for gigabytes, where the host takes
+    minutes), in the tensor's own precision when that is float32 or wider."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    dgen = torch.Generator(device).manual_seed(seed)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    base = torch.empty(n, dtype=work, device=device)
+    if dist == "uniform":
+        base.uniform_(-1, 1, generator=dgen)
+    else:
+        base.normal_(generator=dgen)
+    if dist == "negative":
+        base.abs_().neg_()
+    scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
+    if dtype in (torch.float16, torch.bfloat16):
+        scale = min(scale, 16.0)
+    out = base.mul_(scale).to(dtype)
+    if dist == SPECIAL:  # about 1/8 of the elements (positions drawn with replacement)
+        specials = _special_values(dtype).to(device)
+        count = max(1, n // 8)
+        where = torch.randint(0, n, (count,), generator=dgen, device=device)
+        out[where] = specials[torch.randint(0, len(specials), (count,), generator=dgen, device=device)]
+    return out
+
+
 def make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch.device | str) -> torch.Tensor:
     """A new tensor with the spec's shape, dtype and strides, values from `dist`."""
     dtype = spec.torch_dtype
     n = _storage_numel(spec)
-    flat = _fill(n, dtype, spec, dist, gen).to(device)
+    device = torch.device(device)
+    if device.type == "cuda" and dtype.is_floating_point and n >= DEVICE_FILL_NUMEL:
+        flat = _fill_on_device(n, dtype, dist, gen, device)
+    else:
+        flat = _fill(n, dtype, spec, dist, gen).to(device)
     if spec.contiguous:
         return flat.view(spec.shape) if n else torch.empty(spec.shape, dtype=dtype, device=device)
     return flat.as_strided(spec.shape, spec.stride)

@@ -10,29 +10,15 @@ import math
 import secrets
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from .compare import Mismatch, compare_output
 from .specs import InputSpec
 from .testdata import DISTRIBUTIONS, SPECIAL, make_inputs
 
 Forward = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float   # per element, relative to |reference|
-    atol: float   # per element, relative to the reference's mean magnitude
-    norm: float   # ||out - ref|| / ||ref||
-
-
-TOLERANCES = {
-    torch.float64: Tolerance(1e-7, 1e-9, 1e-9),
-    torch.float32: Tolerance(1e-4, 1e-5, 1e-5),
-    torch.float16: Tolerance(1e-2, 1e-3, 2e-3),
-    torch.bfloat16: Tolerance(3e-2, 8e-3, 1e-2),
-}
 
 
 @dataclass
@@ -49,7 +35,8 @@ class ValidationResult:
 
 @dataclass
 class Trial:
-    """One set of fresh inputs; `ref_args`/`ref_kwargs` are the caller's private copies."""
+    """One set of fresh inputs; `ref_args`/`ref_kwargs` are what the references run on: private copies
+    where the candidate runs in this process, else the same tensors (the worker gets copies)."""
 
     dist: str
     args: tuple
@@ -58,24 +45,51 @@ class Trial:
     ref_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class Mismatch(Exception):
-    """A check failed; the message says which output, how and by how much."""
+TrialPlan = Sequence[tuple[InputSpec, str]]  # (input spec, distribution) per trial, in order
+
+
+def trial_plan(spec: InputSpec, dists: Sequence[str] = (*DISTRIBUTIONS, SPECIAL)) -> list[tuple[InputSpec, str]]:
+    return [(spec, d) for d in dists]
+
+
+def spec_bytes(spec: InputSpec) -> int:
+    """Bytes of one trial's tensors (known before any is made)."""
+    return sum(math.prod(s.shape) * torch.empty((), dtype=s.torch_dtype).element_size()
+               for s in spec.tensor_specs())
 
 
 def _clone(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+def new_trial(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.device | str,
+              copies: bool = True) -> Trial:
+    args, kwargs = make_inputs(spec, dist, gen, device)
+    if not copies:
+        return Trial(dist, args, kwargs, args, kwargs)
+    return Trial(dist, args, kwargs, tuple(_clone(a) for a in args), {k: _clone(v) for k, v in kwargs.items()})
+
+
 def make_trials(spec: InputSpec, device: torch.device | str, seed: int | None = None,
                 dists: Sequence[str] = (*DISTRIBUTIONS, SPECIAL)) -> list[Trial]:
     """Fresh inputs per distribution, from a secret seed unless one is given."""
     gen = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
-    trials = []
-    for dist in dists:
-        args, kwargs = make_inputs(spec, dist, gen, device)
-        trials.append(Trial(dist, args, kwargs, tuple(_clone(a) for a in args),
-                            {k: _clone(v) for k, v in kwargs.items()}))
-    return trials
+    return [new_trial(spec, dist, gen, device) for dist in dists]
+
+
+def trial_batches(plan: TrialPlan, device: torch.device | str, *, copies: bool, max_bytes: int,
+                  seed: int | None = None) -> Iterator[list[Trial]]:
+    """The plan's trials, made a batch at a time: as many as fit in MAX_BYTES of inputs (one at least),
+    so a proof holds one batch of large inputs at a time, never all of them."""
+    gen = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
+    start = 0
+    while start < len(plan):
+        end, size = start + 1, spec_bytes(plan[start][0])
+        while end < len(plan) and size + spec_bytes(plan[end][0]) <= max_bytes:
+            size += spec_bytes(plan[end][0])
+            end += 1
+        yield [new_trial(spec, dist, gen, device, copies) for spec, dist in plan[start:end]]
+        start = end
 
 
 def _as_tuple(out: Any) -> tuple:
@@ -138,88 +152,6 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
     return result
 
 
-EAGER_ERROR_QUANTILE = 0.99
-
-
-def _upper_quantile(values: torch.Tensor, q: float) -> float:
-    """The q-quantile of a flat float64 tensor (kthvalue: no size limit, unlike torch.quantile)."""
-    flat = values.flatten()
-    k = min(max(1, math.ceil(q * flat.numel())), flat.numel())
-    return flat.kthvalue(k).values.item()
-
-
-def _close(o: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(bad mask, abs error, allowed) of finite elements of o against r, both float64."""
-    err = (o - r).abs()
-    scale = r.abs().mean().item() if r.numel() else 0.0
-    allowed = tol.atol * max(scale, 1e-30) + tol.rtol * r.abs()
-    return err > allowed, err, allowed
-
-
-def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor | None = None) -> dict[str, float]:
-    """Raise Mismatch unless `out` matches eager `ref` in type, shape, dtype, device, NaN/Inf and values.
-
-    With a float64 reference, an element also passes when it is within tolerance of the exact value
-    plus twice eager's own error there, or twice eager's 99th-percentile error over the output where
-    that is larger (eager's rounding is not the truth, and a correct kernel rounds elsewhere), and
-    the error norm may be up to twice eager's.
-    """
-    if not isinstance(out, torch.Tensor):
-        raise Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
-    if out.shape != ref.shape:
-        raise Mismatch(f"{where}: shape {tuple(out.shape)} != eager {tuple(ref.shape)}")
-    if out.dtype != ref.dtype:
-        raise Mismatch(f"{where}: dtype {out.dtype} != eager {ref.dtype}")
-    if out.device != ref.device:
-        raise Mismatch(f"{where}: device {out.device} != eager {ref.device}")
-    if not ref.is_floating_point():
-        if not torch.equal(out, ref):
-            n = int((out != ref).sum())
-            raise Mismatch(f"{where}: {n} of {ref.numel()} elements differ (exact dtype {ref.dtype})")
-        return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
-    o, r = out.detach().double(), ref.detach().double()
-    if not torch.equal(torch.isnan(o), torch.isnan(r)):
-        raise Mismatch(f"{where}: NaN positions differ ({int(torch.isnan(o).sum())} NaN vs eager "
-                       f"{int(torch.isnan(r).sum())}; an unwritten output element is NaN)")
-    inf_o, inf_r = torch.isinf(o), torch.isinf(r)
-    if not torch.equal(inf_o, inf_r) or not torch.equal(o[inf_o], r[inf_r]):
-        raise Mismatch(f"{where}: Inf positions or signs differ ({int(inf_o.sum())} vs eager {int(inf_r.sum())})")
-    finite = torch.isfinite(r)
-    o, r = o[finite], r[finite]
-    if r.numel() == 0:
-        return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
-    tol = TOLERANCES.get(ref.dtype, TOLERANCES[torch.float32])
-    bad, err, allowed = _close(o, r, tol)
-    norm_limit = tol.norm
-    x = None
-    if ref64 is not None and torch.isfinite(ref64[finite]).all():
-        x = ref64.detach().double()[finite]
-        _, err64, allowed64 = _close(o, x, tol)
-        # where eager itself is inaccurate (ill-conditioned inputs), being as far from the exact value
-        # as twice eager's own error is as good as eager. Another correct order of operations rounds
-        # differently element by element, so eager's error counts at its 99th percentile over the
-        # output where that is larger than at the element itself; never looser than that.
-        eager_err = (r - x).abs()
-        floor = _upper_quantile(eager_err, EAGER_ERROR_QUANTILE)
-        bad = bad & (err64 > allowed64 + 2 * eager_err.clamp(min=floor))
-        x_norm = x.norm().item()
-        if x_norm > 0:
-            norm_limit = max(tol.norm, 2 * (r - x).norm().item() / x_norm)
-    ref_norm = r.norm().item()
-    norm_err = (o - r).norm().item() / ref_norm if ref_norm > 0 else (0.0 if err.max().item() == 0 else float("inf"))
-    if x is not None and x.norm().item() > 0:
-        norm_err = min(norm_err, (o - x).norm().item() / x.norm().item())
-    stats = {"max_abs_err": err.max().item(), "norm_err": norm_err, "mismatch_fraction": bad.float().mean().item()}
-    if bad.any():
-        idx = int(torch.argmax(((err - allowed) * bad).flatten()))
-        raise Mismatch(f"{where}: {int(bad.sum())} of {r.numel()} elements ({stats['mismatch_fraction']:.2%}) "
-                       f"outside tolerance; worst at flat index {idx}: got {o.flatten()[idx].item():.6g}, "
-                       f"eager {r.flatten()[idx].item():.6g} (max abs err {stats['max_abs_err']:.3g}, "
-                       f"rtol {tol.rtol:g}, atol {tol.atol:g} x mean|eager| {r.abs().mean().item():.3g})")
-    if norm_err > norm_limit:
-        raise Mismatch(f"{where}: relative error norm {norm_err:.3g} exceeds {norm_limit:.3g}")
-    return stats
-
 
 def _passes(out: torch.Tensor, ref: torch.Tensor) -> bool:
     try:
@@ -243,53 +175,106 @@ def trivial_outputs(trial: Trial, refs: tuple) -> list[str]:
     return passing
 
 
-def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference: Forward,
-          reference64: Forward | None = None) -> ValidationResult:
-    """Compare each trial's candidate result with eager (and float64) references computed here."""
-    worst = {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
-    weak: list[str] = []
-    for n, (trial, res) in enumerate(zip(trials, results)):
+class Judge:
+    """Compares trials' candidate results with eager (and float64) references computed here, one
+    trial at a time as they come; `result()` is the verdict once every trial has passed."""
+
+    def __init__(self, reference: Forward, reference64: Forward | None = None) -> None:
+        self.reference, self.reference64 = reference, reference64
+        self.count = 0
+        self.strong = 0
+        self.weak: list[str] = []
+        self.worst = {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
+
+    def add(self, trial: Trial, res: dict[str, Any]) -> ValidationResult | None:
+        """None if the candidate passed this trial, else the failed verdict."""
+        n, worst = self.count, self.worst
         label = f"trial {n} ({trial.dist} inputs)"
         if res.get("error"):
             return ValidationResult(False, f"{label}: candidate raised {res['error']}", n,
                                     details={"traceback": res.get("traceback", "")})
         try:
-            if res["inputs_changed"]:
-                raise Mismatch(f"input {res['inputs_changed'][0]} was modified by the candidate")
-            if res["state_changed"]:
-                raise Mismatch(f"parameter/buffer {res['state_changed'][0]} was modified by the candidate")
-            if res["alias"]:
-                raise Mismatch(res["alias"])
-            refs = _as_tuple(reference(*trial.ref_args, **trial.ref_kwargs))
-            refs64 = _reference64(reference64, trial)
-            outs = res["outputs"]
-            if len(outs) != len(refs):
-                raise Mismatch(f"{len(outs)} outputs, eager returns {len(refs)}")
-            for i, (o, r) in enumerate(zip(outs, refs)):
-                o = o.to(r.device) if res["devices"][i] == str(r.device) else o
-                stats = compare_output(o, r, f"output {i}", refs64[i] if refs64 else None)
-                if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
-                        [s for s, d in zip(r.stride(), r.shape) if d > 1]:
-                    raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")
-                for k in worst:
-                    worst[k] = max(worst[k], stats[k])
-            if not res["repeat_equal"]:
-                ref_again = _as_tuple(reference(*trial.ref_args, **trial.ref_kwargs))
-                if all(torch.equal(_bits(a), _bits(b)) for a, b in zip(refs, ref_again)):
-                    raise Mismatch("two calls on the same inputs gave different outputs (eager is deterministic)")
-            if trial.dist != SPECIAL:
-                trivial = trivial_outputs(trial, refs)
-                if trivial:
-                    weak.append(f"{label}: {trivial[0]}")
+            self._check(trial, res, label)
         except Mismatch as exc:
             return ValidationResult(False, f"{label}: {exc}", n, worst["max_abs_err"], worst["norm_err"],
                                     worst["mismatch_fraction"])
-    strong = [t for t in trials if t.dist != SPECIAL]
-    if strong and len(weak) == len(strong):
-        return ValidationResult(False, "degenerate problem: on every trial a trivial output would pass "
-                                f"({weak[0]}), so no kernel can be proven correct", len(trials), degenerate=True)
-    return ValidationResult(True, f"matched eager on {len(trials)} trials", len(trials), worst["max_abs_err"],
-                            worst["norm_err"], worst["mismatch_fraction"], {"weak_trials": weak})
+        self.count += 1
+        return None
+
+    def _check(self, trial: Trial, res: dict[str, Any], label: str) -> None:
+        if res["inputs_changed"]:
+            raise Mismatch(f"input {res['inputs_changed'][0]} was modified by the candidate")
+        if res["state_changed"]:
+            raise Mismatch(f"parameter/buffer {res['state_changed'][0]} was modified by the candidate")
+        if res["alias"]:
+            raise Mismatch(res["alias"])
+        refs = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
+        refs64 = _reference64(self.reference64, trial)
+        outs = res["outputs"]
+        if len(outs) != len(refs):
+            raise Mismatch(f"{len(outs)} outputs, eager returns {len(refs)}")
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            o = o.to(r.device) if res["devices"][i] == str(r.device) else o
+            stats = compare_output(o, r, f"output {i}", refs64[i] if refs64 else None)
+            if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
+                    [s for s, d in zip(r.stride(), r.shape) if d > 1]:
+                raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")
+            for k in self.worst:
+                self.worst[k] = max(self.worst[k], stats[k])
+        if not res["repeat_equal"]:
+            ref_again = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
+            if all(torch.equal(_bits(a), _bits(b)) for a, b in zip(refs, ref_again)):
+                raise Mismatch("two calls on the same inputs gave different outputs (eager is deterministic)")
+        if trial.dist != SPECIAL:
+            self.strong += 1
+            trivial = trivial_outputs(trial, refs)
+            if trivial:
+                self.weak.append(f"{label}: {trivial[0]}")
+
+    def result(self) -> ValidationResult:
+        """The verdict after every trial passed: a proof, or degenerate where a trivial output passed them all."""
+        if self.strong and len(self.weak) == self.strong:
+            return ValidationResult(False, "degenerate problem: on every trial a trivial output would pass "
+                                    f"({self.weak[0]}), so no kernel can be proven correct", self.count,
+                                    degenerate=True)
+        worst = self.worst
+        return ValidationResult(True, f"matched eager on {self.count} trials", self.count, worst["max_abs_err"],
+                                worst["norm_err"], worst["mismatch_fraction"], {"weak_trials": self.weak})
+
+
+def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference: Forward,
+          reference64: Forward | None = None) -> ValidationResult:
+    """Judge every trial's candidate result (see Judge); the first failure is the verdict."""
+    judge_ = Judge(reference, reference64)
+    for trial, res in zip(trials, results):
+        failed = judge_.add(trial, res)
+        if failed is not None:
+            return failed
+    return judge_.result()
+
+
+def run_and_judge(batches: Iterable[list[Trial]], run: Callable[[list[Trial]], list[dict[str, Any]] | str],
+                  judge_: Judge) -> ValidationResult | str:
+    """Run each batch of trials (RUN: the candidate's results, or why it could not run) and judge it
+    before the next batch is made; the first failure ends the proof. A str is a failure to run."""
+    for batch in batches:
+        failed = _run_batch(batch, run, judge_)
+        del batch  # before the next batch is made
+        if failed is not None:
+            return failed
+    return judge_.result()
+
+
+def _run_batch(batch: list[Trial], run: Callable[[list[Trial]], list[dict[str, Any]] | str],
+               judge_: Judge) -> ValidationResult | str | None:
+    results = run(batch)
+    if isinstance(results, str):
+        return results
+    for trial, res in zip(batch, results):
+        failed = judge_.add(trial, res)
+        if failed is not None:
+            return failed
+    return None
 
 
 def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | None = None) -> Any:

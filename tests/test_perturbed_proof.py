@@ -46,10 +46,9 @@ extern "C" void norm(const float* x, const float* m, const float* v, const float
 """
 
 def forward(module, x):
-    bn = module.bn
     out = torch.empty_like(x)
-    lib.norm(x.contiguous(), bn.running_mean, bn.running_var, bn.weight, bn.bias, out, x.shape[0], x.shape[1],
-             bn.eps)
+    lib.norm(x.contiguous(), module.bn.running_mean, module.bn.running_var, module.bn.weight, module.bn.bias, out,
+             x.shape[0], x.shape[1], module.bn.eps)
     return out
 '''
 
@@ -95,7 +94,8 @@ def test_copy_kernel_is_caught_and_a_real_one_is_proven(tmp_path, monkeypatch):
     model = FreshNorm().eval()
     metal_accel.optimize(model, (x,), providers=[candidates(tmp_path / "b", "FreshNorm", norm=NORM)], progress=False)
     rep = report(model)
-    # proven (the speed gate decides the rest): the reason is about speed, not correctness
+    # proven: installed, or turned down by the speed gate (a reason in "x eager"), never for correctness
+    assert rep.status == "kernel" or "x eager" in rep.reason, rep
     assert "incorrect" not in rep.reason and "degenerate" not in rep.reason, rep
     assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values()))
     with torch.inference_mode():

@@ -114,9 +114,8 @@ class ModuleRecord:
         t = ev.verdict.details.get("timings", {}) if isinstance(ev.verdict.details, dict) else {}
         compile_s = float(t.get("compile_s", 0.0))
         self.compile_s += compile_s
-        # prove.py: isolated_run_s = worker round trip (compile + trials), judge_s = comparison with eager
-        run_s = float(t.get("isolated_run_s", compile_s))
-        self.validate_s += max(0.0, run_s - compile_s) + float(t.get("judge_s", 0.0))
+        # prove.py: proof_s = the trials (the worker's compile, the candidate's runs, the comparison with eager)
+        self.validate_s += max(0.0, float(t.get("proof_s", compile_s)) - compile_s)
         self.bench_s += float(t.get("bench_s", 0.0))
         if ev.verdict.accepted:
             self.accepted += 1
