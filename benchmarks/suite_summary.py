@@ -30,7 +30,7 @@ PROFILES = {
              "kernelbench_cpu_l2_regate", "kernelbench_cpu_s11"),
             "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)", ()),
     "cuda": (("cuda_h100", "cuda_h100_best", "cuda_h100_graph", "cuda_h100_nhwc", "cuda_h100_l1", "cuda_h100_l1c",
-              "cuda_h100_bw", "cuda_h100_s10", "cuda_h100_s11"),
+              "cuda_h100_bw", "cuda_h100_s10", "cuda_h100_s11", "cuda_h100_s12"),
              "cuda_issue8", "CUDA: issue 8 over the measured KernelBench suite (summary of the H100 sections, and the "
              "H200 one for problems no H100 run measured)", ("cuda_h200_s11",)),
 }
