@@ -1,11 +1,11 @@
-"""Render the docs/benchmarks.md section for the twelfth session's GPU runs (2026-11-26) on an H100 (runs 33-35):
-the problems the proof's memory had kept unmeasured (L1_4, L1_100), L1_33 under the perturbed-state proof, and
-L2_3 with its channels-last candidate.
+"""Render the docs/benchmarks.md section for the twelfth session's GPU runs (2026-11-26) on an H100 (runs 33-37):
+the problems the proof's memory had kept unmeasured (L1_4, L1_100), L1_33 under the perturbed-state proof, L2_3
+with its channels-last candidate, and the problems only an H200 had measured.
 
     python benchmarks/cuda_report_s12.py [--no-write]
 
 Inputs under docs/cuda/ (written on the device by `bash benchmarks/cuda_device.sh setup bench`, the command in
-each file): h100_run33.json .. h100_run35.json, h100_env_run33.txt.
+each file): h100_run33.json .. h100_run37.json, h100_env_run33.txt.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cuda_report_h100_best import per_problem, render, rows  # noqa: E402
 
-RUNS = ("h100_run33.json", "h100_run34.json", "h100_run35.json")  # a later run's row replaces an earlier one's
+RUNS = ("h100_run33.json", "h100_run34.json", "h100_run35.json", "h100_run36a.json", "h100_run36b.json",
+        "h100_run37.json")  # a later run's row replaces an earlier one's
 
 INTRO = """\
 Three calls of the device tool on an H100, each `ATTEMPTED= BENCH_MB=... BENCH_ARGS="--compile-candidate
@@ -37,13 +38,17 @@ Three calls of the device tool on an H100, each `ATTEMPTED= BENCH_MB=... BENCH_A
    CUDA graph fail the proof here (3-7 of 33.5 million elements outside tolerance on the small-inputs trial).
    Two calls before it, not kept, failed on the candidate itself: the launcher refused the channels-last
    tensor as not contiguous (fixed by passing its contiguous NDHWC view).
+4. Run 36, the eight problems only an H200 had measured (section `cuda_h200_s11`), now on this card:
+   `BENCH_MB=270` for L2_56, L2_59, L3_6 and L3_25, then `BENCH_MB=540` for L1_46, L1_63 and L1_87.
+5. Run 37, `BENCH_MB=1100`, L1_45: 62 s on this card (194 s on the H200 before trials were streamed).
 """
 
 
 def main() -> int:
     text = "\n".join([INTRO, *per_problem(sorted(rows(RUNS), key=lambda r: (r["level"], r["problem_id"])))])
     return render(__doc__, text, "cuda_h100_s12", "CUDA on an NVIDIA H100: the problems left unmeasured, L1_33 "
-                  "and L2_3 again (runs 33-35)", "ATTEMPTED= BENCH_MB=1100|9000 BENCH_BUDGET=0.4 "
+                  "and L2_3 again, the H200-only problems (runs 33-37)", "ATTEMPTED= BENCH_MB=270|540|1100|9000 "
+                  "BENCH_BUDGET=0.4 "
                   "BENCH_ARGS=\"--compile-candidate --problems ...\" bash benchmarks/cuda_device.sh setup bench  "
                   "(then python benchmarks/cuda_report_s12.py)", "h100_env_run33.txt", "2026-11-26")
 
