@@ -27,7 +27,7 @@ from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
-from .validate import (Judge, Trial, TrialPlan, ValidationResult, run_and_judge, spot_check, tensors_of,
+from .validate import (Judge, RunTrials, Trial, TrialPlan, ValidationResult, run_and_judge, spot_check, tensors_of,
                        trial_batches, trial_plan)
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
@@ -41,7 +41,7 @@ class ProofSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S   # compile + validation in the worker
     isolate: bool = True                    # False only for trusted, in-process candidates (tests)
     flush_cache: bool = False               # evict caches before every timed call (cold-cache timing)
-    sweep: bool = True                      # candidates declaring SHAPE_GENERIC = True are also tried on other batch sizes
+    sweep: bool = True                      # SHAPE_GENERIC = True candidates also tried on other batch sizes
     graph_launch: bool = True               # CUDA: also time the kernel replayed as a CUDA graph; keep the faster
 
 
@@ -196,9 +196,6 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
 TRIAL_BATCH_BYTES = 256 << 20  # a proof makes, runs and judges as many trials at a time as fit in this
 
 
-RunTrials = Callable[[list[Trial]], "list[dict[str, Any]] | str"]
-
-
 def streamed_proof(plan: TrialPlan, device: torch.device, run_trials: RunTrials, module: torch.nn.Module,
                    original: Callable[..., Any], state: list[torch.Tensor], copies: bool,
                    max_bytes: int | None = None) -> ValidationResult | str:
@@ -273,7 +270,8 @@ def graph_alternative(op: Any, module: torch.nn.Module, call: ModuleCall,
 
 
 def rejection_reason(bench: BenchResult, launch: dict[str, Any]) -> str:
-    """Why a correct kernel was not installed: its direct launch's verdict, and the graph replay's where one was timed."""
+    """Why a correct kernel was not installed: its direct launch's verdict, and the graph replay's where one
+    was timed."""
     tried = launch.get("graph_launch")
     return f"{bench.reason}; replayed as a CUDA graph: {tried}" if tried else bench.reason
 

@@ -46,6 +46,7 @@ class Trial:
 
 
 TrialPlan = Sequence[tuple[InputSpec, str]]  # (input spec, distribution) per trial, in order
+RunTrials = Callable[[list[Trial]], list[dict[str, Any]] | str]  # the candidate's results, or why it could not run
 
 
 def trial_plan(spec: InputSpec, dists: Sequence[str] = (*DISTRIBUTIONS, SPECIAL)) -> list[tuple[InputSpec, str]]:
@@ -253,8 +254,7 @@ def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference:
     return judge_.result()
 
 
-def run_and_judge(batches: Iterable[list[Trial]], run: Callable[[list[Trial]], list[dict[str, Any]] | str],
-                  judge_: Judge) -> ValidationResult | str:
+def run_and_judge(batches: Iterable[list[Trial]], run: RunTrials, judge_: Judge) -> ValidationResult | str:
     """Run each batch of trials (RUN: the candidate's results, or why it could not run) and judge it
     before the next batch is made; the first failure ends the proof. A str is a failure to run."""
     for batch in batches:
@@ -265,8 +265,7 @@ def run_and_judge(batches: Iterable[list[Trial]], run: Callable[[list[Trial]], l
     return judge_.result()
 
 
-def _run_batch(batch: list[Trial], run: Callable[[list[Trial]], list[dict[str, Any]] | str],
-               judge_: Judge) -> ValidationResult | str | None:
+def _run_batch(batch: list[Trial], run: RunTrials, judge_: Judge) -> ValidationResult | str | None:
     results = run(batch)
     if isinstance(results, str):
         return results

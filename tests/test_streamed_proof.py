@@ -81,7 +81,11 @@ def test_an_isolated_proof_sends_one_worker_request_per_batch(tmp_path, monkeypa
     sent: list[int] = []
     worker = prove_mod.shared_worker()
     real = worker.request
-    monkeypatch.setattr(worker, "request", lambda req, timeout: (sent.append(len(req["trials"])), real(req, timeout))[1])
+
+    def counted(req: dict, timeout: float) -> dict:
+        sent.append(len(req["trials"]))
+        return real(req, timeout)
+    monkeypatch.setattr(worker, "request", counted)
     model = FreshNorm().eval()
     x = torch.randn(512, 256)
     metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, "FreshNorm", norm=NORM)], progress=False)
