@@ -5,7 +5,7 @@ with its channels-last candidate, and the problems only an H200 had measured.
     python benchmarks/cuda_report_s12.py [--no-write]
 
 Inputs under docs/cuda/ (written on the device by `bash benchmarks/cuda_device.sh setup bench`, the command in
-each file): h100_run33.json .. h100_run37.json, h100_env_run33.txt.
+each file): h100_run33.json .. h100_run37.json, h100_env_run33.txt (and h100_sweep_s12.json, quoted).
 """
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ Three calls of the device tool on an H100, each `ATTEMPTED= BENCH_MB=... BENCH_A
 4. Run 36, the eight problems only an H200 had measured (section `cuda_h200_s11`), now on this card:
    `BENCH_MB=270` for L2_56, L2_59, L3_6 and L3_25, then `BENCH_MB=540` for L1_46, L1_63 and L1_87.
 5. Run 37, `BENCH_MB=1100`, L1_45: 62 s on this card (194 s on the H200 before trials were streamed).
+
+A check of the streamed proof over every CUDA candidate, not a speed figure: `SWEEP_MB=32 bash
+benchmarks/cuda_device.sh setup sweep` (each candidate through the pipeline at tensors of at most 32 MB,
+no torch.compile; raw data in docs/cuda/h100_sweep_s12.json) proved all 56 candidates whose problem fits
+correct (45 installed, 11 not faster than eager at that size); 14 problems exceed 32 MB at batch size 1.
 """
 
 
