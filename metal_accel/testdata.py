@@ -27,15 +27,20 @@ def _fill(n: int, dtype: torch.dtype, spec: TensorSpec, dist: str, gen: torch.Ge
         base = torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1
     else:
         base = torch.randn(n, generator=gen, dtype=torch.float64)
-    if dist == "negative":
-        base = -base.abs()
-    scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
-    if dtype in (torch.float16, torch.bfloat16):
-        scale = min(scale, 16.0)
-    out = (base * scale).to(dtype)
+    out = _shaped(base, dist, dtype)
     if dist == SPECIAL and n:
         _sprinkle_special(out, gen)
     return out
+
+
+def _shaped(base: torch.Tensor, dist: str, dtype: torch.dtype) -> torch.Tensor:
+    """DIST's values as DTYPE, from BASE (standard normal, or uniform in [-1, 1]; overwritten)."""
+    if dist == "negative":
+        base.abs_().neg_()
+    scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
+    if dtype in (torch.float16, torch.bfloat16):
+        scale = min(scale, 16.0)
+    return base.mul_(scale).to(dtype)
 
 
 def _special_values(dtype: torch.dtype) -> torch.Tensor:
@@ -68,12 +73,7 @@ def _fill_on_device(n: int, dtype: torch.dtype, dist: str, gen: torch.Generator,
         base.uniform_(-1, 1, generator=dgen)
     else:
         base.normal_(generator=dgen)
-    if dist == "negative":
-        base.abs_().neg_()
-    scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
-    if dtype in (torch.float16, torch.bfloat16):
-        scale = min(scale, 16.0)
-    out = base.mul_(scale).to(dtype)
+    out = _shaped(base, dist, dtype)
     if dist == SPECIAL:  # about 1/8 of the elements (positions drawn with replacement)
         specials = _special_values(dtype).to(device)
         count = max(1, n // 8)
