@@ -88,7 +88,9 @@ def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None
         batch = max(1, batch // 2)
 
 
-STATE_SHARE = 8  # the bench holds about four copies of the weights: the model, compile's twin, a float64 reference
+MODEL_COPIES = 3   # the model's weights, and its float64 reference's (twice the bytes); compile's twin shares them
+WORKER_COPIES = 2  # a kernel candidate's worker holds its own copy, and another passes through the pipe
+MEMORY_SHARE = 0.75  # of the device memory, for the weights' copies; the rest for activations and the runtime
 
 
 def state_mb(problem: Problem) -> float | None:
@@ -112,13 +114,16 @@ def device_memory_mb(device: str) -> float:
         return math.inf
 
 
-def too_heavy(problem: Problem, device: str) -> str | None:
-    """Why the problem's weights are too large for the bench on DEVICE, or None."""
-    weights, limit = state_mb(problem), device_memory_mb(device) / STATE_SHARE
+def too_heavy(problem: Problem, device: str, kernels: bool = True) -> str | None:
+    """Why the problem's weights are too large for the bench on DEVICE, or None. KERNELS: whether a kernel
+    candidate may run (in a worker, with its own copy of the weights)."""
+    copies = MODEL_COPIES + (WORKER_COPIES if kernels else 0)
+    weights, limit = state_mb(problem), device_memory_mb(device) * MEMORY_SHARE / copies
     if weights is None or weights <= limit:
         return None
-    return (f"its parameters and buffers ({weights:.0f} MB) exceed 1/{STATE_SHARE} of the {device} memory "
-            f"({limit:.0f} MB): the bench would hold about four copies of them")
+    return (f"its parameters and buffers ({weights:.0f} MB) exceed {limit:.0f} MB: the bench would hold "
+            f"{copies} copies of them{' (a kernel candidate runs in a worker)' if kernels else ''} "
+            f"in {MEMORY_SHARE:.0%} of the {device} memory")
 
 
 def largest_tensor_mb(problem: Problem) -> float | None:
@@ -200,7 +205,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     if max_tensor_mb is not None and largest is not None and largest > max_tensor_mb:
         skip = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
                 f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
-    skip = skip or too_heavy(problem, device)
+    skip = skip or too_heavy(problem, device, kernels=_kernels_may_come(problem, providers, backend))
     if skip is not None:
         row.status, row.reason = "skipped", skip
         row.seconds = time.perf_counter() - t_start
@@ -216,7 +221,8 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     row.min_bytes = float(tensor_bytes(inputs) + tensor_bytes(ref) + sum(tensor_bytes(t) for t in state))
     compiled = None
     if with_compile:
-        twin = copy.deepcopy(model)
+        shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+        twin = copy.deepcopy(model, shared)  # its own modules, the same weights: inference never writes them
         compiled = torch.compile(twin)
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -277,6 +283,14 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.bandwidth_frac = row.min_bytes / med["optimized"] / dram_bw
     row.seconds = time.perf_counter() - t_start
     return row
+
+
+def _kernels_may_come(problem: Problem, providers: Sequence[str], backend: str) -> bool:
+    """Whether a kernel candidate may be proposed: any provider other than a directory, or a directory
+    with files for this problem."""
+    names = (problem_key(problem), problem.name)
+    return any(not p.startswith("dir:") or any(DirectoryProvider(p.partition(":")[2]).files_for(n, backend)
+                                               for n in names) for p in providers)
 
 
 def _candidate_correct(row: Row) -> bool | None:

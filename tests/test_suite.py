@@ -160,11 +160,23 @@ def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monk
     (tmp_path / "9_Heavy.py").write_text(heavy)
     (p,) = load_problems(tmp_path / "9_Heavy.py")
     assert sp.state_mb(p) == pytest.approx((1024 * 1024 + 1024) * 4 / 1e6)
-    assert sp.too_heavy(p, "cpu") is None  # 4 MB of weights: far below an eighth of any machine's memory
-    monkeypatch.setattr(sp, "device_memory_mb", lambda device: 16.0)
-    row = sp.run_problem(p, [], backend="cpu", device="cpu")
+    assert sp.too_heavy(p, "cpu") is None  # 4 MB of weights: far below a fifth of any machine's memory
+    monkeypatch.setattr(sp, "device_memory_mb", lambda device: 24.0)  # room for 18 MB of copies
+    assert sp.too_heavy(p, "cpu", kernels=False) is None  # the model and its float64 reference: 3 copies
+    assert "5 copies of them (a kernel candidate runs in a worker)" in sp.too_heavy(p, "cpu", kernels=True)
+    twins: list = []
+    models: list = []
+    instantiate = type(p).instantiate
+    monkeypatch.setattr(torch, "compile", lambda m: twins.append(m) or m)
+    monkeypatch.setattr(type(p), "instantiate", lambda self, *a: (lambda r: models.append(r[0]) or r)(instantiate(self, *a)))
+    (tmp_path / "none").mkdir()
+    row = sp.run_problem(p, ["dir:" + str(tmp_path / "none")], backend="cpu", device="cpu")
+    assert row.status != "skipped" and row.eager_us is not None  # no kernel may come: no worker, so it fits
+    (twin,), (model,) = twins, models  # whole-model compile's twin: its own modules, the model's weights
+    assert twin is not model and twin.proj is not model.proj and twin.proj.weight is model.proj.weight
+    row = sp.run_problem(p, ["openai"], backend="cpu", device="cpu")
     assert row.status == "skipped" and row.eager_us is None
-    assert "parameters and buffers (4 MB) exceed 1/8 of the cpu memory (2 MB)" in row.reason
+    assert "parameters and buffers (4 MB) exceed 4 MB: the bench would hold 5 copies" in row.reason
 
 
 def test_a_problem_too_large_for_the_cap_is_skipped_not_run(tmp_path):
