@@ -85,3 +85,36 @@ def test_conv_epilogue_candidates_are_proven_correct_on_shrunk_problems(tmp_path
         keys.append(problem.name)  # a problem file's key is its stem, the name its candidate is found by
         (suite / f"{problem.name}.py").write_text(code)
     _prove_all(suite, keys, "2", tmp_path / "out")
+
+
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("channels", [1, 6])  # one channel: both layouts are one, so the NCHW pass runs
+def test_conv_epilogue_reads_channels_last_or_nchw_and_matches_eager(channels):
+    """The epilogue runs on oneDNN's channels-last result (writing NCHW itself) or on an NCHW one, and
+    matches eager either way, on odd spatial sizes that leave a partial tile."""
+    import torch
+
+    from metal_accel.backends.cpu import CpuBackend
+    from metal_accel.prove import kernels_only
+    from metal_accel.sandbox import load_forward
+
+    cand = parse_candidate((ROOT / "benchmarks/candidates/cpu/ConvTranspose2d_Subtract_Tanh.py").read_text(), "cpu")
+    lib = kernels_only(CpuBackend().compile(cand.source))
+    called: list[str] = []
+
+    def recording(name):
+        fn = getattr(lib, name)
+        return lambda *a: (called.append(name), fn(*a))[1]
+
+    forward = load_forward(cand.code, type(lib)(epi=recording("epi"), epi_cl=recording("epi_cl")))
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.conv_transpose = torch.nn.ConvTranspose2d(3, channels, 4, stride=2, padding=1, output_padding=1)
+    module.bias = torch.nn.Parameter(torch.randn(channels, 1, 1))
+    x = torch.rand(2, 3, 21, 19)
+    with torch.inference_mode():
+        got = forward(module, x)
+        expect = torch.tanh(module.conv_transpose(x) - module.bias)
+    assert got.is_contiguous() and got.shape == expect.shape
+    torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+    assert called == (["epi"] if channels == 1 else ["epi_cl"])

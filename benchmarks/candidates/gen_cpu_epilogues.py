@@ -5,9 +5,10 @@
 Each candidate runs its convolution channels-last through PyTorch (oneDNN works on NHWC directly; on
 NCHW input it reorders to a blocked layout and back; a noisy side-by-side probe of the convs alone on
 the 2-core AMD EPYC had channels-last at 0.3-0.7x the NCHW time, but through the pipeline, layout
-conversions counted, most 2-D problems gained nothing: docs/benchmarks.md), brings the result back to
-NCHW, and applies the whole elementwise chain in one vectorized, multi-threaded pass instead of
-eager's one pass per op. The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one
+conversions counted, most 2-D problems gained nothing: docs/benchmarks.md), and applies the whole
+elementwise chain in one multi-threaded pass instead of eager's one pass per op. Where oneDNN returns
+channels-last, that pass also writes the NCHW result (`epi_cl`, tile by tile), so no separate
+conversion pass and no intermediate NCHW tensor; otherwise it runs over NCHW, vectorized (`epi`). The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one
 statement of each problem's formula, op by op in eager's order); the helpers below follow ATen's CPU
 formulas (NaN-propagating clamp/min/relu, erf GELU, sigmoid as 1 / (1 + exp(-x))), with exp, tanh,
 erf and log1p from ma_vecmath.h. GEMM problems are left out: their epilogue is under 5% of eager's time.
@@ -65,6 +66,24 @@ extern "C" void epi(const float* __restrict y, const float* __restrict aux, floa
         }}
     }}
 }}
+
+// y channels-last (N x L x C), out NCHW (N x C x L): the layout change and the chain in one pass, a tile
+// of TILE positions at a time (the tile's C x TILE inputs stay in L1 while each channel's row is written)
+extern "C" void epi_cl(const float* __restrict y, const float* __restrict aux, float* __restrict out{param_args}{scalar_args},
+                       int64_t N, int64_t L, int64_t C, int has_aux) {{
+    const int64_t TILE = 64, tiles = (L + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static) if(N * L * C > 32768)
+    for (int64_t t = 0; t < N * tiles; ++t) {{
+        const int64_t n = t / tiles, l0 = (t % tiles) * TILE, l1 = l0 + TILE < L ? l0 + TILE : L;
+        const float* yn = y + n * L * C;
+        for (int64_t c = 0; c < C; ++c) {{
+            float* op = out + (n * C + c) * L;
+            const float* ap = aux + (has_aux ? (n * C + c) * L : 0);
+            for (int64_t l = l0; l < l1; ++l)
+                op[l] = epi_op(yn[l * C + c], c, has_aux ? ap[l] : 0.0f{param_pass}{scalar_pass});
+        }}
+    }}
+}}
 """
 
 HOST = '''
@@ -75,10 +94,15 @@ def forward(module, {inputs}):
     fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
     w = module.{m}.weight.contiguous(memory_format=fmt)
     cb = module.{m}.bias if module.{m}.bias is not None else torch.zeros(module.{m}.out_channels, dtype=x.dtype)
-    y = {conv}(x.contiguous(memory_format=fmt), w, None, {conv_args}).contiguous()
-    out = torch.empty_like(y)
-    lib.epi(y, {aux}, out, cb{param_host}{scalar_host}, y.shape[0] * y.shape[1], y.numel() // max(y.shape[0] * y.shape[1], 1),
-            y.shape[1], {has_aux})
+    y = {conv}(x.contiguous(memory_format=fmt), w, None, {conv_args})
+    out = torch.empty(y.shape, dtype=y.dtype)
+    n, c, spatial = y.shape[0], y.shape[1], y.numel() // max(y.shape[0] * y.shape[1], 1)
+    if y.is_contiguous(memory_format=fmt) and not y.is_contiguous():  # oneDNN kept channels-last
+        yl = y.permute(0, 2, 3, 1) if y.dim() == 4 else y.permute(0, 2, 3, 4, 1)  # the same memory, NHWC
+        lib.epi_cl(yl, {aux_cl}, out, cb{param_host}{scalar_host}, n, spatial, c, {has_aux})
+    else:
+        y = y.contiguous()
+        lib.epi(y, {aux}, out, cb{param_host}{scalar_host}, n * c, spatial, c, {has_aux})
     return out
 '''
 
@@ -105,6 +129,7 @@ def render(name: str, spec: tuple) -> str:
     conv, conv_args = CONV_ARGS[main]
     host = HOST.format(inputs="x, add_input" if aux_input else "x", m=sub, conv=conv,
                        conv_args=conv_args.format(m=sub), aux="add_input.contiguous()" if aux_input else "y",
+                       aux_cl="add_input.contiguous()" if aux_input else "yl",
                        param_host="".join(f", {h}" for p, h in params if p != "cb"),
                        scalar_host="".join(f", {h}" for _, h in scalars), has_aux=1 if aux_input else 0)
     doc = (f'"""{name}: {main} channels-last through PyTorch (oneDNN), then one fused epilogue pass.\n'

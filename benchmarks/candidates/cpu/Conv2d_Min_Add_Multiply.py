@@ -44,6 +44,24 @@ extern "C" void epi(const float* __restrict y, const float* __restrict aux, floa
         }
     }
 }
+
+// y channels-last (N x L x C), out NCHW (N x C x L): the layout change and the chain in one pass, a tile
+// of TILE positions at a time (the tile's C x TILE inputs stay in L1 while each channel's row is written)
+extern "C" void epi_cl(const float* __restrict y, const float* __restrict aux, float* __restrict out, const float* __restrict cb, const float* __restrict bias, float cv, float s,
+                       int64_t N, int64_t L, int64_t C, int has_aux) {
+    const int64_t TILE = 64, tiles = (L + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static) if(N * L * C > 32768)
+    for (int64_t t = 0; t < N * tiles; ++t) {
+        const int64_t n = t / tiles, l0 = (t % tiles) * TILE, l1 = l0 + TILE < L ? l0 + TILE : L;
+        const float* yn = y + n * L * C;
+        for (int64_t c = 0; c < C; ++c) {
+            float* op = out + (n * C + c) * L;
+            const float* ap = aux + (has_aux ? (n * C + c) * L : 0);
+            for (int64_t l = l0; l < l1; ++l)
+                op[l] = epi_op(yn[l * C + c], c, has_aux ? ap[l] : 0.0f, cb, bias, cv, s);
+        }
+    }
+}
 """
 
 SHAPE_GENERIC = True
@@ -53,8 +71,13 @@ def forward(module, x):
     fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
     w = module.conv.weight.contiguous(memory_format=fmt)
     cb = module.conv.bias if module.conv.bias is not None else torch.zeros(module.conv.out_channels, dtype=x.dtype)
-    y = F.conv2d(x.contiguous(memory_format=fmt), w, None, module.conv.stride, module.conv.padding, module.conv.dilation, module.conv.groups).contiguous()
-    out = torch.empty_like(y)
-    lib.epi(y, y, out, cb, module.bias, float(module.constant_value), float(module.scaling_factor), y.shape[0] * y.shape[1], y.numel() // max(y.shape[0] * y.shape[1], 1),
-            y.shape[1], 0)
+    y = F.conv2d(x.contiguous(memory_format=fmt), w, None, module.conv.stride, module.conv.padding, module.conv.dilation, module.conv.groups)
+    out = torch.empty(y.shape, dtype=y.dtype)
+    n, c, spatial = y.shape[0], y.shape[1], y.numel() // max(y.shape[0] * y.shape[1], 1)
+    if y.is_contiguous(memory_format=fmt) and not y.is_contiguous():  # oneDNN kept channels-last
+        yl = y.permute(0, 2, 3, 1) if y.dim() == 4 else y.permute(0, 2, 3, 4, 1)  # the same memory, NHWC
+        lib.epi_cl(yl, yl, out, cb, module.bias, float(module.constant_value), float(module.scaling_factor), n, spatial, c, 0)
+    else:
+        y = y.contiguous()
+        lib.epi(y, y, out, cb, module.bias, float(module.constant_value), float(module.scaling_factor), n * c, spatial, c, 0)
     return out
