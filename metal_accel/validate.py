@@ -210,13 +210,19 @@ class Judge:
         if res["alias"]:
             raise Mismatch(res["alias"])
         refs = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
-        refs64 = _reference64(self.reference64, trial)
+        refs64: tuple | None = None
         outs = res["outputs"]
         if len(outs) != len(refs):
             raise Mismatch(f"{len(outs)} outputs, eager returns {len(refs)}")
         for i, (o, r) in enumerate(zip(outs, refs)):
             o = o.to(r.device) if res["devices"][i] == str(r.device) else o
-            stats = compare_output(o, r, f"output {i}", refs64[i] if refs64 else None)
+            try:  # the float64 rule only ever passes more: its reference is run only where the plain check fails
+                stats = compare_output(o, r, f"output {i}")
+            except Mismatch:
+                refs64 = refs64 or _reference64(self.reference64, trial)
+                if not refs64:
+                    raise
+                stats = compare_output(o, r, f"output {i}", refs64[i])
             if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
                     [s for s, d in zip(r.stride(), r.shape) if d > 1]:
                 raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")

@@ -189,6 +189,28 @@ def test_float64_reference_accepts_a_more_accurate_kernel():
     assert not validate(eager, sloppy, spec, device="cpu", reference64=eager, dists=dists).ok
 
 
+def test_float64_reference_runs_only_where_the_plain_check_fails():
+    """The float64 rule only ever passes more, so a candidate that matches eager plainly costs no float64
+    run; one that needs the rule gets it (once per trial), and its verdict is the rule's."""
+    spec = InputSpec.of((torch.randn(64, 256),))
+    runs = []
+
+    def eager(x):
+        return (x + 4096.0) - 4096.0
+
+    def eager64(x):
+        runs.append(x.dtype)
+        return eager(x)
+
+    def exact(x):
+        return ((x.double() + 4096.0) - 4096.0).float()
+    dists = ("normal", "uniform", "large")
+    assert validate(eager, eager, spec, device="cpu", reference64=eager64, dists=dists).ok
+    assert runs == []
+    assert validate(eager, exact, spec, device="cpu", reference64=eager64, dists=dists).ok
+    assert runs and set(runs) == {torch.float64} and len(runs) <= len(dists)  # at most once per trial
+
+
 def test_output_strides_must_match_eager():
     def eager(x):
         return x * 2
