@@ -2,12 +2,18 @@
 
     python benchmarks/kernelbench_cpu.py [--level 2] [--ids 1-30] [--max-tensor-mb 2] [--from DIR] [--section NAME]
     python benchmarks/kernelbench_cpu.py --keys L1_12 L2_20 ... --section NAME [--max-tensor-mb 128] [--from DIR]
+    python benchmarks/kernelbench_cpu.py --keys L1_45 L2_55 ... --section NAME --cap L1_45=1100 L2_55=4 ...
 
 Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
 eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
 chosen best side by side, with a fresh user cache (no verdict of an earlier run is reused). Writes its
 section of docs/benchmarks.md. `--from DIR` writes the section
 from an earlier run's output directory instead of running again.
+
+`--cap KEY=MB` gives a problem its own `--max-tensor-mb` (a larger one for a problem whose batch of
+one is over the common cap, a smaller one to shrink the batch of a problem whose weights are the
+cost); each problem then runs in a bench of its own, and the rows are merged into one suite.json.
+`--from DIR` also takes such a directory of per-problem runs (DIR/<key>/suite.json).
 """
 from __future__ import annotations
 
@@ -33,11 +39,49 @@ def parse_ids(text: str) -> list[str]:
     return ids
 
 
-def bench_command(args: argparse.Namespace, out: str) -> list[str]:
-    which = ["--problems", *args.keys] if args.keys else ["--level", str(args.level), "--problems", *parse_ids(args.ids)]
+def bench_command(args: argparse.Namespace, out: str, keys: list[str] | None = None, cap: float | None = None
+                  ) -> list[str]:
+    keys = keys or args.keys
+    which = ["--problems", *keys] if keys else ["--level", str(args.level), "--problems", *parse_ids(args.ids)]
     return ["metal-accel", "bench", str(ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"), "--backend", "cpu",
-            "--provider", "dir:benchmarks/candidates", *which, "--max-tensor-mb", str(args.max_tensor_mb),
+            "--provider", "dir:benchmarks/candidates", *which, "--max-tensor-mb", f"{cap or args.max_tensor_mb:g}",
             "--compile-candidate", "--budget", "0.5", "--bench-budget", "0.5", "--no-progress", "--out", out]
+
+
+def parse_caps(pairs: list[str]) -> dict[str, float]:
+    """["L1_45=1100", ...] -> {"L1_45": 1100.0, ...}"""
+    caps = {}
+    for pair in pairs:
+        key, sep, mb = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--cap {pair}: expected KEY=MB, e.g. L1_45=1100")
+        caps[key] = float(mb)
+    return caps
+
+
+def merge(runs: list[Path], out: Path) -> None:
+    """Rows of several runs' suite.json, in order, as one suite.json (and suite.md) in OUT."""
+    from metal_accel.suite_report import markdown
+    from metal_accel.suite_result import SuiteResult
+    results = [SuiteResult.from_dict(json.loads(r.read_text())) for r in runs]
+    merged = SuiteResult([row for res in results for row in res.rows], results[0].environment,
+                         results[0].dram_bandwidth, " ; ".join(res.command for res in results))
+    (out / "suite.json").write_text(json.dumps(merged.to_dict(), indent=1))
+    (out / "suite.md").write_text(markdown(merged))
+
+
+def run_benches(args: argparse.Namespace, out: Path, caps: dict[str, float]) -> None:
+    """One bench for all problems, or, with per-problem caps, one bench per problem (in OUT/<key>), merged."""
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
+    if not caps:
+        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, str(out))[1:]], check=True,
+                       env=env, cwd=ROOT)
+        return
+    for key in args.keys:
+        sub = out / key
+        cmd = bench_command(args, str(sub), [key], caps.get(key))
+        subprocess.run([sys.executable, "-m", "metal_accel.cli", *cmd[1:]], check=True, env=env, cwd=ROOT)
+    merge([out / k / "suite.json" for k in args.keys], out)
 
 
 def suite_table(out: Path) -> str:
@@ -58,22 +102,29 @@ def main() -> int:
     parser.add_argument("--section", help="the docs/benchmarks.md section to write (default: from level and ids)")
     parser.add_argument("--max-tensor-mb", type=float, default=2.0)
     parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory, or its suite.json")
+    parser.add_argument("--cap", nargs="+", default=[], metavar="KEY=MB",
+                        help="a problem's own --max-tensor-mb, e.g. L1_45=1100 (needs --keys)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.keys and not args.section:
         parser.error("--keys needs --section")
+    caps = parse_caps(args.cap)
+    if caps and not args.keys:
+        parser.error("--cap needs --keys")
     out = args.from_dir or tempfile.mkdtemp(prefix="kernelbench_cpu_")
     cmd = bench_command(args, "OUT")
     if not args.from_dir:
-        env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
-        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, out)[1:]], check=True, env=env,
-                       cwd=ROOT)
+        run_benches(args, Path(out), caps)
+    elif Path(out).is_dir() and not (Path(out) / "suite.json").is_file():  # per-problem runs: merge them
+        merge([Path(out) / k / "suite.json" for k in args.keys or () if (Path(out) / k / "suite.json").is_file()],
+              Path(out))
     table = suite_table(Path(out))
     body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and the CPU kernel "
             "candidates of benchmarks/candidates/cpu, under the same proof and speed gate; the table times eager, "
             "torch.compile of the whole Model and the chosen best side by side (medians, interleaved). "
-            f"`batch_size` is halved until no tensor exceeds {args.max_tensor_mb:g} MB, so shapes are smaller "
-            "than KernelBench's.\n\n" + table)
+            f"`batch_size` is halved until no tensor exceeds {args.max_tensor_mb:g} MB"
+            + (" (" + ", ".join(f"{k}: {mb:g} MB" for k, mb in caps.items()) + ", each in a bench of its own)"
+               if caps else "") + ", so shapes are smaller than KernelBench's.\n\n" + table)
     print(body)
     if not args.no_write:
         from _docs import write_section
@@ -85,8 +136,9 @@ def main() -> int:
         what = (f"{len(args.keys)} problems of {', '.join(levels)}" if args.keys
                 else f"level {args.level} (problems {args.ids})")
         write_section(section, f"CPU: KernelBench {what}, best of eager / torch.compile / kernels",
-                      f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}  (runs: "
-                      + shlex.join(cmd) + ")", body)
+                      f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}"
+                      + (f" --cap {' '.join(args.cap)}" if caps else "") + "  (runs: " + shlex.join(cmd)
+                      + (", per problem, with its own cap" if caps else "") + ")", body)
     return 0
 
 

@@ -197,3 +197,24 @@ def test_suite_result_reads_back_what_it_wrote():
     again = SuiteResult.from_dict(json.loads(json.dumps(res.to_dict())))
     assert again.rows == res.rows and again.dram_bandwidth == res.dram_bandwidth
     assert markdown(again) == markdown(res)
+
+
+def test_cpu_bench_script_merges_per_problem_runs(tmp_path, monkeypatch):
+    """benchmarks/kernelbench_cpu.py --cap: per-problem runs, each with its own cap, merged into one result."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import kernelbench_cpu
+    assert kernelbench_cpu.parse_caps(["L1_45=1100", "L2_55=4"]) == {"L1_45": 1100.0, "L2_55": 4.0}
+    with pytest.raises(SystemExit, match="expected KEY=MB"):
+        kernelbench_cpu.parse_caps(["L1_45"])
+    runs = []
+    for i, key in enumerate(("L1_45_Pool", "L2_55_Matmul")):
+        row = Row(key, int(key[1]), 45 + 10 * i, key[6:], status="compile", eager_us=10.0, compile_us=8.0,
+                  kernel_us=7.0 + i, vs_eager=10 / (7 + i), vs_compile=8 / (7 + i))
+        (tmp_path / key).mkdir()
+        runs.append(tmp_path / key / "suite.json")
+        runs[-1].write_text(json.dumps(SuiteResult([row], {"torch": "2.13.0"}, None, f"bench {key}").to_dict()))
+    kernelbench_cpu.merge(runs, tmp_path)
+    merged = SuiteResult.from_dict(json.loads((tmp_path / "suite.json").read_text()))
+    assert [r.key for r in merged.rows] == ["L1_45_Pool", "L2_55_Matmul"]
+    assert merged.command == "bench L1_45_Pool ; bench L2_55_Matmul"
+    assert merged.best_summary()["measured"] == 2 and "L2_55_Matmul" in (tmp_path / "suite.md").read_text()
