@@ -22,7 +22,8 @@ from metal_accel.source_check import check_kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = sorted((ROOT / "benchmarks" / "candidates" / "cpu").glob("*.py"))
-LEVEL1 = [p for p in CANDIDATES if p.stem.startswith("L1_")]
+SHRUNK_LEVEL1 = {"L1_45_Average_Pooling_2D": 64}  # proven with their spatial sizes shrunk to this (GB inputs)
+LEVEL1 = [p for p in CANDIDATES if p.stem.startswith("L1_") and p.stem not in SHRUNK_LEVEL1]
 BY_NAME = [p for p in CANDIDATES if not p.stem.startswith("L")]  # named after a level-2 problem
 KERNELBENCH = ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"
 SPATIAL = re.compile(r"^((?:depth|height|width|D|H|W)(?:\s*[,=]\s*(?:depth|height|width|D|H|W))*)\s*=\s*([\d, ]+)$", re.M)
@@ -118,3 +119,43 @@ def test_conv_epilogue_reads_channels_last_or_nchw_and_matches_eager(channels):
     assert got.is_contiguous() and got.shape == expect.shape
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
     assert called == (["epi"] if channels == 1 else ["epi_cl"])
+
+
+@needs_problems
+@pytest.mark.needs_cxx
+def test_level1_candidates_of_gigabyte_problems_are_proven_on_shrunk_problems(tmp_path):
+    from metal_accel.problems import load_problems
+    problems = {f"L1_{p.problem_id}_{p.name}": p for p in load_problems(KERNELBENCH) if p.level == 1}
+    suite = tmp_path / "suite.jsonl"
+    rows = []
+    for key, size in SHRUNK_LEVEL1.items():
+        problem = problems[key]
+        code, n = shrink_spatial(problem.code, size)
+        assert n, f"{key}: no spatial size found to shrink"
+        rows.append(json.dumps({"level": 1, "problem_id": problem.problem_id, "name": problem.name, "code": code}))
+    suite.write_text("\n".join(rows) + "\n")
+    _prove_all(suite, list(SHRUNK_LEVEL1), "2", tmp_path / "out")
+
+
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("kernel,stride", [(11, None), (3, 2), (4, 1)])
+def test_average_pooling_keeps_eagers_summation_order_bit_for_bit(kernel, stride):
+    """Near float's range the order of a window's sum decides where it overflows: the kernel's Inf and NaN
+    positions, and every finite value, must be eager's exactly (torch.compile's are not: its order differs)."""
+    import torch
+
+    from metal_accel.backends.cpu import CpuBackend
+    from metal_accel.prove import kernels_only
+    from metal_accel.sandbox import load_forward
+
+    cand = parse_candidate((ROOT / "benchmarks/candidates/cpu/L1_45_Average_Pooling_2D.py").read_text(), "cpu")
+    forward = load_forward(cand.code, kernels_only(CpuBackend().compile(cand.source)))
+    module = torch.nn.Module()
+    module.avg_pool = torch.nn.AvgPool2d(kernel, stride)
+    x = torch.randn(2, 3, 37, 41, generator=torch.Generator().manual_seed(0))
+    flat = x.view(-1)
+    flat[::7], flat[3::11], flat[5::97], flat[9::89] = 3e38, -3e38, float("nan"), float("inf")
+    with torch.inference_mode():
+        got, expect = forward(module, x), module.avg_pool(x)
+    assert got.shape == expect.shape and got.isinf().any() and got.isnan().any()
+    assert torch.equal(got.isnan(), expect.isnan()) and torch.equal(got.nan_to_num(), expect.nan_to_num())
