@@ -27,6 +27,7 @@ import torch
 
 DEFAULT_TIMEOUT_S = 120.0
 MEMORY_HEADROOM = 4 << 30  # address space a candidate may add over the worker's own (CPU device only)
+REQUEST_COPIES = 4  # and this many times the request's size, for its inputs' copies and outputs
 _HEADER = struct.Struct("<Q")
 
 
@@ -47,13 +48,17 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _limit_memory(device: str) -> None:
+def _limit_memory(device: str, request_bytes: int) -> None:
+    """Cap the address space for the next request: the worker's own, plus MEMORY_HEADROOM, plus room for
+    the request's tensors several times over (the trial checks copies of its inputs, the outputs come
+    back serialized), so a gigabyte input is no runaway allocation."""
     if device != "cpu" or not sys.platform.startswith("linux"):
         return  # GPU drivers reserve huge address ranges; an address-space cap would break them
     import resource
     with open("/proc/self/status") as f:
         vm_kb = int(next(line for line in f if line.startswith("VmSize:")).split()[1])
-    resource.setrlimit(resource.RLIMIT_AS, (vm_kb * 1024 + MEMORY_HEADROOM, resource.RLIM_INFINITY))
+    limit = vm_kb * 1024 + MEMORY_HEADROOM + REQUEST_COPIES * request_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
 
 def _poison_free_memory(device: torch.device) -> None:
@@ -103,7 +108,6 @@ def serve() -> None:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the reply stream
     proto_in = sys.stdin.buffer
-    limited = False
     while True:
         head = _read_exact(proto_in, _HEADER.size)
         if head is None:
@@ -112,9 +116,7 @@ def serve() -> None:
         if payload is None:
             return
         req = pickle.loads(payload)  # from the parent, which is trusted
-        if not limited:
-            _limit_memory(req["device"])
-            limited = True
+        _limit_memory(req["device"], len(payload))
         try:
             reply = _handle(req)
         except MemoryError:

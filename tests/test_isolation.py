@@ -55,3 +55,25 @@ def test_shape_generic_claim_is_swept_over_batch_sizes(tmp_path):
     metal_accel.optimize(model, (x,), providers=[candidates(tmp_path / "3", exact=GOOD.replace(
         "x.numel() // n", "min(x.numel() // n, 4)"))])
     assert chain_report(model).status == "kernel"
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the address-space cap is Linux-only")
+def test_worker_memory_cap_grows_with_the_request():
+    """A request of a gigabyte of inputs may use several times that (copies, outputs) on top of the fixed
+    headroom; without such a request the same allocation is still a runaway, refused."""
+    import subprocess
+    import sys
+    code = """
+import torch, metal_accel.worker as w
+big = (w.MEMORY_HEADROOM + (2 << 30)) // 4  # floats: 2 GiB over the headroom, address space only (never touched)
+w._limit_memory("cpu", 1 << 30)
+torch.empty(big)
+print("fits")
+w._limit_memory("cpu", 0)
+try:
+    torch.empty(big)
+except Exception:
+    print("refused")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["fits", "refused"], out.stderr[-500:]
