@@ -73,15 +73,12 @@ def merge(runs: list[Path], out: Path) -> None:
 def run_benches(args: argparse.Namespace, out: Path, caps: dict[str, float]) -> None:
     """One bench for all problems, or, with per-problem caps, one bench per problem (in OUT/<key>), merged."""
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": tempfile.mkdtemp(prefix="kernelbench_cpu_cache_")}
-    if not caps:
-        subprocess.run([sys.executable, "-m", "metal_accel.cli", *bench_command(args, str(out))[1:]], check=True,
-                       env=env, cwd=ROOT)
-        return
-    for key in args.keys:
-        sub = out / key
-        cmd = bench_command(args, str(sub), [key], caps.get(key))
+    runs = [bench_command(args, str(out / k), [k], caps.get(k)) for k in args.keys] if caps \
+        else [bench_command(args, str(out))]
+    for cmd in runs:
         subprocess.run([sys.executable, "-m", "metal_accel.cli", *cmd[1:]], check=True, env=env, cwd=ROOT)
-    merge([out / k / "suite.json" for k in args.keys], out)
+    if caps:
+        merge([out / k / "suite.json" for k in args.keys], out)
 
 
 def suite_table(out: Path) -> str:

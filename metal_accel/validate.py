@@ -6,6 +6,8 @@ references the candidate never sees.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import secrets
 import traceback
@@ -210,20 +212,13 @@ class Judge:
         if res["alias"]:
             raise Mismatch(res["alias"])
         refs = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
-        refs64: tuple | None | bool = False  # False: not run yet; None: no float64 kernel for it
+        refs64 = functools.cache(lambda: _reference64(self.reference64, trial))
         outs = res["outputs"]
         if len(outs) != len(refs):
             raise Mismatch(f"{len(outs)} outputs, eager returns {len(refs)}")
         for i, (o, r) in enumerate(zip(outs, refs)):
             o = o.to(r.device) if res["devices"][i] == str(r.device) else o
-            try:  # the float64 rule only ever passes more: its reference is run only where the plain check fails
-                stats = compare_output(o, r, f"output {i}")
-            except Mismatch:
-                if refs64 is False:
-                    refs64 = _reference64(self.reference64, trial)
-                if not refs64:
-                    raise
-                stats = compare_output(o, r, f"output {i}", refs64[i])
+            stats = _compare_or_float64(o, r, f"output {i}", refs64, i)
             if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
                     [s for s, d in zip(r.stride(), r.shape) if d > 1]:
                 raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")
@@ -287,25 +282,31 @@ def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | 
     """A bench.Check for outputs taken while timed: each matches eager within tolerance or, where that
     fails and a float64 reference exists, by the rule validation used (its float64 outputs are computed
     once per input set), so an ill-conditioned output is held to the proof's standard, no stricter."""
-    refs: dict[int, tuple | None] = {}
+    @functools.cache
+    def refs64(which: int) -> tuple | None:
+        args, kwargs = input_sets[which]
+        return _reference64(reference64, Trial("timed", args, kwargs, args, kwargs))
 
     def check(k_out: Any, e_out: Any, label: str, which: int) -> None:
         ks, es = _as_tuple(k_out), _as_tuple(e_out)
         if len(ks) != len(es):
             raise Mismatch(f"{label}: {len(ks)} outputs, eager returns {len(es)}")
         for i, (k, e) in enumerate(zip(ks, es)):
-            try:
-                compare_output(k, e, f"{label}, output {i}")
-            except Mismatch:
-                if reference64 is None:
-                    raise
-                if which not in refs:
-                    args, kwargs = input_sets[which]
-                    refs[which] = _reference64(reference64, Trial("timed", args, kwargs, args, kwargs))
-                if refs[which] is None:
-                    raise
-                compare_output(k, e, f"{label}, output {i}", refs[which][i])
+            _compare_or_float64(k, e, f"{label}, output {i}", lambda: refs64(which), i)
     return check
+
+
+def _compare_or_float64(out: Any, ref: torch.Tensor, where: str, refs64: Callable[[], tuple | None],
+                        i: int) -> dict[str, float]:
+    """compare_output, and where the plain check fails, again by the float64 rule (which only ever passes
+    more): REFS64 (the float64 outputs, None where there are none) is run only then."""
+    try:
+        return compare_output(out, ref, where)
+    except Mismatch:
+        exact = refs64()
+        if not exact:
+            raise
+        return compare_output(out, ref, where, exact[i])
 
 
 def _reference64(reference64: Forward | None, trial: Trial) -> tuple | None:

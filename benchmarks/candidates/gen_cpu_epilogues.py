@@ -8,8 +8,8 @@ the 2-core AMD EPYC had channels-last at 0.3-0.7x the NCHW time, but through the
 conversions counted, most 2-D problems gained nothing: docs/benchmarks.md), and applies the whole
 elementwise chain in one multi-threaded pass instead of eager's one pass per op. Where oneDNN returns
 channels-last, that pass also writes the NCHW result (`epi_cl`, tile by tile), so no separate
-conversion pass and no intermediate NCHW tensor; otherwise it runs over NCHW, vectorized (`epi`). The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one
-statement of each problem's formula, op by op in eager's order); the helpers below follow ATen's CPU
+conversion pass and no intermediate NCHW tensor; otherwise it runs over NCHW, vectorized (`epi`).
+The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one statement of each problem's formula, op by op in eager's order); the helpers below follow ATen's CPU
 formulas (NaN-propagating clamp/min/relu, erf GELU, sigmoid as 1 / (1 + exp(-x))), with exp, tanh,
 erf and log1p from ma_vecmath.h. GEMM problems are left out: their epilogue is under 5% of eager's time.
 """
