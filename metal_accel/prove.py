@@ -22,13 +22,13 @@ from .dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from .errors import MetalAccelError
 from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
-from .specs import call_signature
+from .specs import InputSpec, call_signature
 from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
 from .validate import (Judge, RunTrials, Trial, TrialPlan, ValidationResult, run_and_judge, spot_check, tensors_of,
-                       trial_batches, trial_plan)
+                       spec_bytes, trial_batches, trial_plan)
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
 log = logging.getLogger(__name__)
@@ -102,9 +102,15 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     layout = disp.layout if disp else Dispatcher(module, original).layout
     device = device_of(call)
     plan = trial_plan(call.spec)
+    sweep: dict[str, Any] = {}
     if settings.sweep and declares_shape_generic(cand.code):
-        for alt in sweep_specs(call.spec):
+        swept, skipped = shape_sweep(call.spec)
+        for alt in swept:
             plan += trial_plan(alt, ("normal", "uniform"))
+        sweep = {"sweep": {"batches": [lead_size(s) for s in swept], "too_large": [lead_size(s) for s in skipped]}}
+        if skipped:
+            log.info("metal_accel: %s: shape-generic sweep leaves out batch sizes %s (inputs over %d MB)",
+                     call.name, sweep["sweep"]["too_large"], sweep_limit(call.spec) >> 20)
 
     def run_trials(trials: list[Trial]) -> list[dict[str, Any]] | str:
         """The candidate's results on TRIALS, the module's tensors as they are now, or why it failed to run."""
@@ -153,7 +159,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     if not measures_speed(backend):
         reason = (f"correct on {backend.name} ({result.reason}); speed not measured: an emulated device's timings "
                   "say nothing about the real one, which proves speed itself before it installs this kernel")
-        details = {"timings": timings, "validation": _validation_details(result),
+        details = {"timings": timings, "validation": _validation_details(result), **sweep,
                    "speed_gate": f"skipped: {backend.name} does not measure speed"}
         log.info("metal_accel: %s: %s passed validation on %s (no speed gate)", call.name, cand.origin, backend.name)
         return Evaluation(cand, Verdict(env, True, reason, cand.digest, None, None, None, details), op)
@@ -187,7 +193,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     if not bench.accepted:
         return reject(rejection_reason(bench, launch), bench)
     reason = bench.reason + (", replayed as a CUDA graph" if launch.get("launch") == "cuda-graph" else "")
-    details = {"bench": bench.to_dict(), "timings": timings, "validation": _validation_details(result), **launch}
+    details = {"bench": bench.to_dict(), "timings": timings, "validation": _validation_details(result), **sweep,
+               **launch}
     v = Verdict(env, True, reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
     log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, reason)
     return Evaluation(cand, v, installed, bench)
@@ -226,6 +233,23 @@ def streamed_proof(plan: TrialPlan, device: torch.device, run_trials: RunTrials,
                                 second.max_norm_err, second.mismatch_fraction, second.details, not second.ok)
     return ValidationResult(False, f"with random module state: {second.reason}", first.trials + second.trials,
                             second.max_abs_err, second.max_norm_err, second.mismatch_fraction)
+
+
+def sweep_limit(spec: InputSpec) -> int:
+    """The most input bytes a sweep variant may take: the call's own, or one trial batch if that is more."""
+    return max(spec_bytes(spec), TRIAL_BATCH_BYTES)
+
+
+def shape_sweep(spec: InputSpec) -> tuple[list[InputSpec], list[InputSpec]]:
+    """The batch-size variants of SPEC a shape-generic candidate is also proven on, and those left out
+    because their inputs exceed sweep_limit: a 1 GB call is not also proven on a 3 GB batch."""
+    limit = sweep_limit(spec)
+    variants = sweep_specs(spec)
+    return [v for v in variants if spec_bytes(v) <= limit], [v for v in variants if spec_bytes(v) > limit]
+
+
+def lead_size(spec: InputSpec) -> int:
+    return spec.tensor_specs()[0].shape[0]
 
 
 TIMING_SETS = 8           # input sets the speed gate cycles through, so no call reuses the last one's inputs

@@ -110,3 +110,17 @@ def test_large_cuda_inputs_are_drawn_on_the_gpu_from_the_secret_seed():
     special = draw("special", 1)
     assert torch.isnan(special).any() and torch.isinf(special).any() and (special == 1e4).any()
     assert 0.05 < (~torch.isfinite(special)).float().mean().item() * 12 / 3 < 0.2  # about 1/8 special values
+
+
+def test_shape_generic_sweep_leaves_out_batches_larger_than_the_call_and_a_trial_batch():
+    def spec(*shape: int) -> InputSpec:
+        return InputSpec.of((torch.empty(shape, device="meta"),))
+    small, skipped = prove_mod.shape_sweep(spec(4, 256))
+    assert [prove_mod.lead_size(s) for s in small] == [2, 9] and skipped == []
+    # a 1 GiB call at batch 1: batch 3 (3 GiB) would be a second, larger proof; nothing smaller exists
+    kept, skipped = prove_mod.shape_sweep(spec(1, 64, 2048, 2048))
+    assert kept == [] and [prove_mod.lead_size(s) for s in skipped] == [3]
+    # 128 MiB at batch 2: batch 1 is kept, batch 5 (320 MiB) is over one trial batch (256 MiB)
+    kept, skipped = prove_mod.shape_sweep(spec(2, 16, 1024, 1024))
+    assert [prove_mod.lead_size(s) for s in kept] == [1] and [prove_mod.lead_size(s) for s in skipped] == [5]
+    assert all(spec_bytes(s) <= prove_mod.sweep_limit(spec(2, 16, 1024, 1024)) for s in kept)
