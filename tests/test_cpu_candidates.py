@@ -138,10 +138,11 @@ def test_level1_candidates_of_gigabyte_problems_are_proven_on_shrunk_problems(tm
 
 
 @pytest.mark.needs_cxx
-@pytest.mark.parametrize("kernel,stride", [(11, None), (3, 2), (4, 1)])
+@pytest.mark.parametrize("kernel,stride", [(11, None), (3, 2), (4, 1), (13, 5), (6, 3), (8, 8)])
 def test_average_pooling_keeps_eagers_summation_order_bit_for_bit(kernel, stride):
     """Near float's range the order of a window's sum decides where it overflows: the kernel's Inf and NaN
-    positions, and every finite value, must be eager's exactly (torch.compile's are not: its order differs)."""
+    positions, and every finite value, must be eager's exactly (torch.compile's are not: its order differs).
+    The widths cover every column path of the vector code (8 at a time, 4, the last 1-3) and its scalar rest."""
     import torch
 
     from metal_accel.backends.cpu import CpuBackend
@@ -152,7 +153,7 @@ def test_average_pooling_keeps_eagers_summation_order_bit_for_bit(kernel, stride
     forward = load_forward(cand.code, kernels_only(CpuBackend().compile(cand.source)))
     module = torch.nn.Module()
     module.avg_pool = torch.nn.AvgPool2d(kernel, stride)
-    x = torch.randn(2, 3, 37, 41, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 3, 37, 233, generator=torch.Generator().manual_seed(0))
     flat = x.view(-1)
     flat[::7], flat[3::11], flat[5::97], flat[9::89] = 3e38, -3e38, float("nan"), float("inf")
     with torch.inference_mode():
