@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md):
-#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench
+#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench cpu
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
 # DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
 # ATTEMPTED= (empty) also runs problems without a candidate (torch.compile against eager only).
+# CPU_KEYS="L1_4 L1_100 ..." (step cpu): the CPU backend on this host's CPU, one bench per problem, for problems
+# whose inputs or weights are too large for the 24 GB CPU machine; the GPU is hidden.
 set -o pipefail
 START=$(date +%s)
 OUT=${OUT:-device_out}
@@ -50,5 +52,17 @@ for step in "$@"; do
         --provider dir:benchmarks/candidates ${ATTEMPTED---attempted-only} --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} \
         --bench-budget ${BENCH_BUDGET:-0.6} --compile-jobs ${COMPILE_JOBS:-12} --out "$OUT/bench" --no-progress \
         ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee /tmp/bench.log | grep -E "^L[0-9]|level" ;;
+    cpu)
+      mkdir -p "$OUT/cpu"
+      { lscpu; free -g; gcc --version | head -1; } > "$OUT/cpu/machine.txt" 2>&1
+      for key in ${CPU_KEYS:?}; do
+        LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
+        [ $LEFT -gt 60 ] || { echo "$key: not started, ${LEFT}s left"; continue; }
+        METAL_ACCEL_USER_CACHE=$(mktemp -d) CUDA_VISIBLE_DEVICES= timeout -s INT -k 20 $LEFT metal-accel bench \
+          "$PROBLEMS" --backend cpu --provider dir:benchmarks/candidates --problems "$key" --max-tensor-mb ${CPU_MB:-9000} \
+          --compile-candidate --budget 0.5 --bench-budget 0.5 --no-progress --out "$OUT/cpu/$key" 2>&1 \
+          | grep -v Warning > "$OUT/cpu/$key.log"
+        echo "$key rc=$? $(grep -E "^L[0-9]" "$OUT/cpu/$key.log" | head -1)"
+      done ;;
   esac
 done
