@@ -13,7 +13,9 @@ from an earlier run's output directory instead of running again.
 `--cap KEY=MB` gives a problem its own `--max-tensor-mb` (a larger one for a problem whose batch of
 one is over the common cap, a smaller one to shrink the batch of a problem whose weights are the
 cost); each problem then runs in a bench of its own, and the rows are merged into one suite.json.
-`--from DIR` also takes such a directory of per-problem runs (DIR/<key>/suite.json).
+`--from DIR` also takes such a directory of per-problem runs (DIR/<key>/suite.json). With `--machine` and
+`--date` it writes the section of a run made elsewhere (e.g. the device host's CPU, benchmarks/cuda_device.sh
+step cpu, for problems too large for this machine).
 """
 from __future__ import annotations
 
@@ -101,8 +103,12 @@ def main() -> int:
     parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory, or its suite.json")
     parser.add_argument("--cap", nargs="+", default=[], metavar="KEY=MB",
                         help="a problem's own --max-tensor-mb, e.g. L1_45=1100 (needs --keys)")
+    parser.add_argument("--machine", help="with --from: the machine the run was made on (default: this one)")
+    parser.add_argument("--date", help="with --from: the day the run was made (default: today)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if (args.machine or args.date) and not args.from_dir:
+        parser.error("--machine and --date describe an earlier run: they need --from")
     if args.keys and not args.section:
         parser.error("--keys needs --section")
     caps = parse_caps(args.cap)
@@ -135,7 +141,8 @@ def main() -> int:
         write_section(section, f"CPU: KernelBench {what}, best of eager / torch.compile / kernels",
                       f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}"
                       + (f" --cap {' '.join(args.cap)}" if caps else "") + "  (runs: " + shlex.join(cmd)
-                      + (", per problem, with its own cap" if caps else "") + ")", body)
+                      + (", per problem, with its own cap" if caps else "") + ")", body, machine_text=args.machine,
+                      date=args.date)
     return 0
 
 

@@ -23,7 +23,7 @@ from _docs import DOC, write_section  # noqa: E402
 SUITE = HERE.parent.parent / "shared" / "kernelbench" / "problems.jsonl"
 
 # per device: the sections in the order they were measured, the section written, its title, and sections of
-# another card whose rows count only for problems the device's own sections never measured
+# another card or machine whose rows count only for problems the device's own sections never measured
 PROFILES = {
     "cpu": (("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
              "kernelbench_cpu_l3_13-25", "kernelbench_cpu_l2_gn_mean", "kernelbench_cpu_l2_46_11",
@@ -129,9 +129,9 @@ def main() -> int:
     extra = {k: r for k, r in other_rows.items() if k not in rows}
     if extra:
         both = {**rows, **extra}
-        lines += [f"Measured on another card only ({len(extra)} problems: "
+        lines += [f"Measured on another {'card' if args.device == 'cuda' else 'machine'} only ({len(extra)} problems: "
                   + ", ".join(short(k) for k in sorted(extra, key=lambda k: (extra[k]['level'], k))) + "), from:\n",
-                  *other_used, "", "With those rows added (each ratio from one card, side by side in one run):\n",
+                  *other_used, "", "With those rows added (each ratio from one machine, side by side in one run):\n",
                   *summary_lines(both), "", verdict(both, args.device)]
         rows = both
     keys = suite_keys()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,24 @@ def test_cpu_bench_script_merges_per_problem_runs(tmp_path, monkeypatch):
     assert [r.key for r in merged.rows] == ["L1_45_Pool", "L2_55_Matmul"]
     assert merged.command == "bench L1_45_Pool ; bench L2_55_Matmul"
     assert merged.best_summary()["measured"] == 2 and "L2_55_Matmul" in (tmp_path / "suite.md").read_text()
+
+
+def test_cpu_bench_script_writes_a_run_made_elsewhere_with_its_machine_and_date(tmp_path, monkeypatch):
+    """--from DIR --machine M --date D: a section for a run copied back from another host (no bench runs)."""
+    bench_dir = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench_dir))
+    import _docs
+    import kernelbench_cpu
+    row = Row("L1_4_Matvec", 1, 4, "Matvec", status="eager", eager_us=10.0, compile_us=10.2, kernel_us=10.0,
+              vs_eager=1.0, vs_compile=1.02)
+    (tmp_path / "L1_4").mkdir()
+    (tmp_path / "L1_4" / "suite.json").write_text(json.dumps(SuiteResult([row], {"torch": "2.11"}, None, "b").to_dict()))
+    monkeypatch.setattr(_docs, "DOC", tmp_path / "benchmarks.md")
+    argv = ["kernelbench_cpu.py", "--keys", "L1_4", "--section", "elsewhere", "--from", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--machine", "a 16-core host", "--date", "2026-01-02"])
+    assert kernelbench_cpu.main() == 0
+    doc = (tmp_path / "benchmarks.md").read_text()
+    assert "- machine: a 16-core host\n- date: 2026-01-02" in doc and "L1_4_Matvec" in doc
+    monkeypatch.setattr(sys, "argv", ["kernelbench_cpu.py", "--keys", "L1_4", "--section", "x", "--machine", "m"])
+    with pytest.raises(SystemExit):
+        kernelbench_cpu.main()
