@@ -88,7 +88,7 @@ extern "C" void avg_pool(const float* __restrict x, float* __restrict y, int64_t
 #if defined(__AVX2__)
             for (int64_t ow = 0; ow < vec; ow += 8) {
                 const float* b = row + ow * sw;
-                for (int c = 0; c < 96; c += 16) _mm_prefetch((const char*)(b + 512 + c), _MM_HINT_T0);
+                for (int c = 0; c < 96; c += 16) _mm_prefetch((const char*)(b + 384 + c), _MM_HINT_T0);
                 _mm256_storeu_ps(yp + ow, add_window_row(_mm256_loadu_ps(yp + ow), b, kw, sw));
             }
 #endif
