@@ -27,8 +27,10 @@ SUITE = HERE.parent.parent / "shared" / "kernelbench" / "problems.jsonl"
 PROFILES = {
     "cpu": (("kernelbench_cpu_l2_epilogues", "kernelbench_cpu", "kernelbench_cpu_l1", "kernelbench_cpu_l3",
              "kernelbench_cpu_l3_13-25", "kernelbench_cpu_l2_gn_mean", "kernelbench_cpu_l2_46_11",
-             "kernelbench_cpu_l2_regate", "kernelbench_cpu_s11", "kernelbench_cpu_s12", "kernelbench_cpu_s13"),
-            "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections)", ()),
+             "kernelbench_cpu_l2_regate", "kernelbench_cpu_s11", "kernelbench_cpu_s12", "kernelbench_cpu_s13",
+             "kernelbench_cpu_s14"),
+            "cpu_issue8", "CPU: issue 8 over the measured KernelBench suite (summary of the CPU sections, and the "
+            "16-core Xeon one for problems too large for the CPU machine)", ("kernelbench_cpu_xeon16",)),
     "cuda": (("cuda_h100", "cuda_h100_best", "cuda_h100_graph", "cuda_h100_nhwc", "cuda_h100_l1", "cuda_h100_l1c",
               "cuda_h100_bw", "cuda_h100_s10", "cuda_h100_s11", "cuda_h100_s12"),
              "cuda_issue8", "CUDA: issue 8 over the measured KernelBench suite (summary of the H100 sections, and the "
