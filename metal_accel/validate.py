@@ -7,7 +7,6 @@ references the candidate never sees.
 from __future__ import annotations
 
 import functools
-
 import math
 import secrets
 import traceback

@@ -9,9 +9,10 @@ conversions counted, most 2-D problems gained nothing: docs/benchmarks.md), and 
 elementwise chain in one multi-threaded pass instead of eager's one pass per op. Where oneDNN returns
 channels-last, that pass also writes the NCHW result (`epi_cl`, tile by tile), so no separate
 conversion pass and no intermediate NCHW tensor; otherwise it runs over NCHW, vectorized (`epi`).
-The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one statement of each problem's formula, op by op in eager's order); the helpers below follow ATen's CPU
-formulas (NaN-propagating clamp/min/relu, erf GELU, sigmoid as 1 / (1 + exp(-x))), with exp, tanh,
-erf and log1p from ma_vecmath.h. GEMM problems are left out: their epilogue is under 5% of eager's time.
+The chains are the CUDA generator's (gen_cuda_epilogues.SPECS: one statement of each problem's
+formula, op by op in eager's order); the helpers below follow ATen's CPU formulas (NaN-propagating
+clamp/min/relu, erf GELU, sigmoid as 1 / (1 + exp(-x))), with exp, tanh, erf and log1p from
+ma_vecmath.h. GEMM problems are left out: their epilogue is under 5% of eager's time.
 """
 from __future__ import annotations
 
