@@ -94,14 +94,17 @@ class _Sums:
                 self.worst = (excess[i].item(), at)
 
 
-def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor | None = None) -> dict[str, float]:
+def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor | None = None,
+                   first_failure: bool = False) -> dict[str, float]:
     """Raise Mismatch unless `out` matches eager `ref` in type, shape, dtype, device, NaN/Inf and values.
 
     With a float64 reference, an element also passes when it is within tolerance of the exact value
     plus twice eager's own error there, or twice eager's 99th-percentile error over the output where
     that is larger (eager's rounding is not the truth, and a correct kernel rounds elsewhere), and
     the error norm may be up to twice eager's. That rule only ever passes more, so it is applied only
-    where the plain check fails (the returned norm error is then the smaller of the two).
+    where the plain check fails (the returned norm error is then the smaller of the two). With
+    `first_failure` and no float64 reference, it stops at the first chunk with an element out of
+    tolerance, whose message then counts that chunk's only: enough to tell that a guess fails.
     """
     if not isinstance(out, torch.Tensor):
         raise Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
@@ -115,8 +118,7 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
     if not ref.is_floating_point():
         if not torch.equal(o, r):
             n = sum(int((o[s:e] != r[s:e]).sum()) for s, e in _spans(r))
-            raise Mismatch(f"{where}: {n} of {ref.numel()} elements differ "
-                           f"(exact dtype {ref.dtype})")
+            raise Mismatch(f"{where}: {n} of {ref.numel()} elements differ (exact dtype {ref.dtype})")
         return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
     scale, any_special = _check_special_values(o, r, where)
     tol = TOLERANCES.get(ref.dtype, TOLERANCES[torch.float32])
@@ -126,6 +128,8 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
         oc, rc = _finite64(o[s:e], finite), _finite64(r[s:e], finite)
         err, allowed = torch.sub(oc, rc).abs_(), _allowed(rc, tol, scale)
         plain.add(err, rc, err > allowed, allowed, s, finite)
+        if first_failure and plain.bad and ref64 is None:
+            break
     if plain.count == 0:
         return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
     norm_err = _ratio(plain.err_norm, plain.ref_norm, plain.max_err)

@@ -64,6 +64,18 @@ def test_verdict_does_not_depend_on_the_chunk_size(monkeypatch, name):
         assert chunked[1] == whole[1]
 
 
+@pytest.mark.parametrize("name", [c[0] for c in _cases() if c[3] is None])
+def test_stopping_at_the_first_failing_chunk_gives_the_same_verdict(monkeypatch, name):
+    out, ref, _ = next(c[1:] for c in _cases() if c[0] == name)
+    monkeypatch.setitem(compare.CHUNK_NUMEL, "cpu", 7)
+    whole = _verdict(out, ref)[0]
+    try:
+        compare_output(out, ref, "o", first_failure=True)
+        assert whole == "ok"
+    except Mismatch:
+        assert whole == "mismatch"
+
+
 def test_the_worst_index_is_the_elements_own_flat_index_with_nans_before_it(monkeypatch):
     monkeypatch.setitem(compare.CHUNK_NUMEL, "cpu", 5)
     ref = torch.arange(1.0, 41.0)
