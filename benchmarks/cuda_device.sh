@@ -58,7 +58,7 @@ for step in "$@"; do
       for key in ${CPU_KEYS:?}; do
         LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
         [ $LEFT -gt 60 ] || { echo "$key: not started, ${LEFT}s left"; continue; }
-        METAL_ACCEL_USER_CACHE=$(mktemp -d) CUDA_VISIBLE_DEVICES= timeout -s INT -k 20 $LEFT metal-accel bench \
+        METAL_ACCEL_USER_CACHE=$(mktemp -d) CUDA_VISIBLE_DEVICES= timeout -s INT -k 20 $LEFT metal-accel -vv bench \
           "$PROBLEMS" --backend cpu --provider dir:benchmarks/candidates --problems "$key" --max-tensor-mb ${CPU_MB:-9000} \
           --compile-candidate --budget 0.5 --bench-budget 0.5 --no-progress --out "$OUT/cpu/$key" 2>&1 \
           | grep -v Warning > "$OUT/cpu/$key.log"

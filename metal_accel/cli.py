@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import sys
@@ -100,6 +101,8 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="metal-accel", description=__doc__)
     p.add_argument("--version", action="version", version=f"metal_accel {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log what the pipeline does and how long each step takes (-vv: each trial batch too)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="backends, compilers, cache locations, provider keys (set or not)"
                    ).set_defaults(fn=cmd_doctor)
@@ -124,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        logging.getLogger("metal_accel").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     try:
         return int(args.fn(args))
     except MetalAccelError as exc:

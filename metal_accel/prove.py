@@ -146,6 +146,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     with torch.inference_mode():
         result = streamed_proof(plan, device, run_trials, module, original, layout.gather(), copies)
     timings["proof_s"] = time.perf_counter() - t0  # the trials: compile (if not cached), runs and judging
+    log.info("metal_accel: %s: %s: proof of %d trials took %.1f s", call.name, cand.origin, len(plan),
+             timings["proof_s"])
     if isinstance(result, str):
         return reject(result)
     if not result.ok:
@@ -190,6 +192,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
             launch.update(launch="cuda-graph", direct_launch=bench.reason, direct_bench=bench.to_dict())
             bench, installed = graph_bench, graphed
     timings["bench_s"] = time.perf_counter() - t2
+    log.info("metal_accel: %s: %s: speed gate took %.1f s", call.name, cand.origin, timings["bench_s"])
     if not bench.accepted:
         return reject(rejection_reason(bench, launch), bench)
     reason = bench.reason + (", replayed as a CUDA graph" if launch.get("launch") == "cuda-graph" else "")

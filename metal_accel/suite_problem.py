@@ -11,6 +11,7 @@ those names), since every KernelBench model class is called `Model`.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import statistics
@@ -26,6 +27,8 @@ from .problems import Problem
 from .suite_result import Row
 from .synth.base import ProposedText, SynthesisRequest
 from .synth.directory import DirectoryProvider
+
+log = logging.getLogger(__name__)
 
 
 def problem_key(p: Problem) -> str:
@@ -211,6 +214,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.seconds = time.perf_counter() - t_start
         return row
     model, inputs = problem.instantiate(device, seed)
+    step = _Steps(row.key)
     provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
     row.attempted = any(p.files(backend) for p in provs)
     sets = input_sets(problem, inputs, device)
@@ -218,6 +222,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     with torch.inference_mode():
         ref = model(*sets[1])
     state = model.state_dict().values()
+    step.done("model, inputs and an eager reference")
     row.min_bytes = float(tensor_bytes(inputs) + tensor_bytes(ref) + sum(tensor_bytes(t) for t in state))
     compiled = None
     if with_compile:
@@ -229,6 +234,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
             compiled(*inputs)
         be.synchronize()
         row.compile_s = time.perf_counter() - t0
+        step.done("torch.compile's first call")
     saved = os.environ.get("METAL_ACCEL_COMPILE")
     os.environ["METAL_ACCEL_COMPILE"] = "1" if compile_candidate else "0"  # torch.compile as a candidate, or not
     try:
@@ -239,6 +245,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
             os.environ.pop("METAL_ACCEL_COMPILE", None)
         else:
             os.environ["METAL_ACCEL_COMPILE"] = saved
+    step.done("the pipeline (capture, proofs, speed gates)")
     report = metal_accel.explain(model)
     root = next((m for m in report.modules if m.name == type(model).__name__), None)
     if root is not None:
@@ -271,6 +278,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         timer = lambda fn, a, k, s: (flusher(), base(fn, a, k, s))[1]  # noqa: E731
     with torch.inference_mode():
         med = side_by_side(fns, sets, be.synchronize, timer, budget_s)
+    step.done("side-by-side timing")
     row.eager_us, row.kernel_us = med["eager"] * 1e6, med["optimized"] * 1e6
     row.vs_eager = med["eager"] / med["optimized"]
     if compiled is not None:
@@ -283,6 +291,18 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.bandwidth_frac = row.min_bytes / med["optimized"] / dram_bw
     row.seconds = time.perf_counter() - t_start
     return row
+
+
+class _Steps:
+    """Logs each step of one problem's run with its duration (seen with `metal-accel -v bench`)."""
+
+    def __init__(self, key: str) -> None:
+        self.key, self.t = key, time.perf_counter()
+
+    def done(self, what: str) -> None:
+        now = time.perf_counter()
+        log.info("metal_accel: %s: %s took %.1f s", self.key, what, now - self.t)
+        self.t = now
 
 
 def _kernels_may_come(problem: Problem, providers: Sequence[str], backend: str) -> bool:

@@ -7,8 +7,10 @@ references the candidate never sees.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import secrets
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -18,6 +20,8 @@ import torch
 from .compare import Mismatch, compare_output
 from .specs import InputSpec
 from .testdata import DISTRIBUTIONS, SPECIAL, make_inputs
+
+log = logging.getLogger(__name__)
 
 Forward = Callable[..., Any]
 
@@ -256,8 +260,12 @@ def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference:
 def run_and_judge(batches: Iterable[list[Trial]], run: RunTrials, judge_: Judge) -> ValidationResult | str:
     """Run each batch of trials (RUN: the candidate's results, or why it could not run) and judge it
     before the next batch is made; the first failure ends the proof. A str is a failure to run."""
+    t0 = time.perf_counter()
     for batch in batches:
         failed = _run_batch(batch, run, judge_)
+        log.debug("metal_accel: trials %s made, run and judged in %.1f s", ", ".join(t.dist for t in batch),
+                  time.perf_counter() - t0)
+        t0 = time.perf_counter()
         del batch  # before the next batch is made
         if failed is not None:
             return failed

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -95,10 +96,11 @@ def test_summary_and_markdown():
 
 
 @pytest.mark.needs_cxx
-def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys):
+def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys, caplog):
     probs, cands = suite_dir
     out = tmp_path / "out"
-    rc = main(["bench", str(probs), "--backend", "cpu", "--provider", f"dir:{cands}", "--no-compile",
+    caplog.set_level(logging.NOTSET, logger="metal_accel")  # restored after the test; -vv sets DEBUG
+    rc = main(["-vv", "bench", str(probs), "--backend", "cpu", "--provider", f"dir:{cands}", "--no-compile",
                "--budget", "0.2", "--bench-budget", "0.2", "--max-tensor-mb", "0.3", "--out", str(out),
                "--no-progress"])
     assert rc == 0
@@ -109,6 +111,10 @@ def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys):
     assert row["eager_us"] > 0 and row["kernel_us"] > 0 and row["status"] in ("kernel", "eager")
     assert (out / "suite.md").exists() and (out / "suite.partial.jsonl").read_text().strip()
     assert "7_ReluScale" in capsys.readouterr().out
+    logged = caplog.text  # -vv: each step's duration, each candidate's proof, each trial batch
+    for step in ("model, inputs and an eager reference took", "the pipeline (capture, proofs, speed gates) took",
+                 "side-by-side timing took", "proof of 6 trials took", "made, run and judged in"):
+        assert step in logged, step
 
 
 def test_blocks_run_eagerly_and_have_cuda_sources():
