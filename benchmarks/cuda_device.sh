@@ -61,7 +61,7 @@ for step in "$@"; do
         METAL_ACCEL_USER_CACHE=$(mktemp -d) CUDA_VISIBLE_DEVICES= timeout -s INT -k 20 $LEFT metal-accel -vv bench \
           "$PROBLEMS" --backend cpu --provider dir:benchmarks/candidates --problems "$key" --max-tensor-mb ${CPU_MB:-9000} \
           --compile-candidate --budget 0.5 --bench-budget 0.5 --no-progress --out "$OUT/cpu/$key" 2>&1 \
-          | grep -v Warning > "$OUT/cpu/$key.log"
+          | grep --line-buffered -v Warning > "$OUT/cpu/$key.log"
         echo "$key rc=$? $(grep -E "^L[0-9]" "$OUT/cpu/$key.log" | head -1)"
       done ;;
   esac
