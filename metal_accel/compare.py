@@ -29,8 +29,9 @@ TOLERANCES = {
 }
 
 EAGER_ERROR_QUANTILE = 0.99
-# elements compared at a time: on the CPU, float64 temporaries that stay in cache; on a GPU, few launches
-CHUNK_NUMEL = {"cpu": 1 << 16, "other": 1 << 22}
+# elements compared at a time: on the CPU, per thread, so each thread's float64 temporaries stay in its
+# cache; on a GPU, enough for few launches
+CHUNK_NUMEL = {"cpu": 1 << 15, "other": 1 << 22}
 
 
 class Mismatch(Exception):
@@ -39,7 +40,8 @@ class Mismatch(Exception):
 
 def _spans(t: torch.Tensor) -> Iterator[tuple[int, int]]:
     """(start, end) of each chunk of flat T."""
-    n, step = t.numel(), CHUNK_NUMEL["cpu" if t.device.type == "cpu" else "other"]
+    n = t.numel()
+    step = CHUNK_NUMEL["cpu"] * max(1, torch.get_num_threads()) if t.device.type == "cpu" else CHUNK_NUMEL["other"]
     return ((s, min(s + step, n)) for s in range(0, n, step))
 
 

@@ -1,6 +1,7 @@
 """Fresh test inputs drawn from an InputSpec: new tensors every trial, never the example tensors."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -59,20 +60,35 @@ def _sprinkle_special(out: torch.Tensor, gen: torch.Generator) -> None:
 
 
 DEVICE_FILL_NUMEL = 1 << 24  # CUDA tensors this large are drawn on the GPU, seeded from the secret generator
+HOST_PART_NUMEL = 1 << 22    # CPU tensors this large are drawn in parts of this size, in parallel threads
 
 
-def _fill_on_device(n: int, dtype: torch.dtype, dist: str, gen: torch.Generator, device: torch.device
-                    ) -> torch.Tensor:
-    """`_fill` for large floating CUDA tensors: drawn there (seconds for gigabytes, where the host takes
-    minutes), in the tensor's own precision when that is float32 or wider."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    dgen = torch.Generator(device).manual_seed(seed)
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    base = torch.empty(n, dtype=work, device=device)
-    if dist == "uniform":
-        base.uniform_(-1, 1, generator=dgen)
+def _fill_large(n: int, dtype: torch.dtype, dist: str, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """`_fill` for large floating tensors, in the tensor's own precision when that is float32 or wider, each
+    generator seeded from the secret one: on a GPU drawn there (seconds for gigabytes, where the host takes
+    minutes); on the CPU in parts drawn by parallel threads (one float64 stream took minutes for 4 GB)."""
+    def seed() -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=gen))
+
+    inference = torch.is_inference_mode_enabled()  # thread-local: the pool's threads take the caller's
+
+    def draw(part: torch.Tensor, part_seed: int) -> torch.Generator:
+        g = torch.Generator(device).manual_seed(part_seed)
+        with torch.inference_mode(inference):
+            if dist == "uniform":
+                part.uniform_(-1, 1, generator=g)
+            else:
+                part.normal_(generator=g)
+        return g
+    base = torch.empty(n, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+    if device.type == "cpu":
+        parts = base.split(HOST_PART_NUMEL)
+        seeds = [seed() for _ in parts]
+        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            list(pool.map(draw, parts, seeds))
+        dgen = torch.Generator().manual_seed(seed())
     else:
-        base.normal_(generator=dgen)
+        dgen = draw(base, seed())
     out = _shaped(base, dist, dtype)
     if dist == SPECIAL:  # about 1/8 of the elements (positions drawn with replacement)
         specials = _special_values(dtype).to(device)
@@ -87,8 +103,9 @@ def make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch
     dtype = spec.torch_dtype
     n = _storage_numel(spec)
     device = torch.device(device)
-    if device.type == "cuda" and dtype.is_floating_point and n >= DEVICE_FILL_NUMEL:
-        flat = _fill_on_device(n, dtype, dist, gen, device)
+    large = {"cuda": DEVICE_FILL_NUMEL, "cpu": HOST_PART_NUMEL}.get(device.type)
+    if dtype.is_floating_point and large is not None and n >= large:
+        flat = _fill_large(n, dtype, dist, gen, device)
     else:
         flat = _fill(n, dtype, spec, dist, gen).to(device)
     if spec.contiguous:

@@ -94,19 +94,29 @@ def test_an_isolated_proof_sends_one_worker_request_per_batch(tmp_path, monkeypa
     assert sent == [1] * 8, rep  # six trials at the module's own state, two with random state
 
 
-@pytest.mark.cuda
-def test_large_cuda_inputs_are_drawn_on_the_gpu_from_the_secret_seed():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_large_inputs_are_drawn_in_their_own_precision_from_the_secret_seed(device):
+    """On a GPU drawn there; on the CPU in parts, each from its own generator, by parallel threads."""
     from metal_accel.specs import TensorSpec
-    from metal_accel.testdata import DEVICE_FILL_NUMEL, make_tensor
-    spec = TensorSpec.of(torch.empty(DEVICE_FILL_NUMEL // 1024, 1024))
+    from metal_accel.testdata import DEVICE_FILL_NUMEL, HOST_PART_NUMEL, make_tensor
+    numel = DEVICE_FILL_NUMEL if device == "cuda" else 2 * HOST_PART_NUMEL + 1024  # parts: two whole, one short
+    spec = TensorSpec.of(torch.empty(numel // 1024, 1024))
 
-    def draw(dist: str, seed: int) -> torch.Tensor:
-        return make_tensor(spec, dist, torch.Generator().manual_seed(seed), "cuda")
+    def draw(dist: str, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return make_tensor(TensorSpec.of(torch.empty(spec.shape, dtype=dtype)), dist,
+                           torch.Generator().manual_seed(seed), device)
     normal = draw("normal", 1)
-    assert normal.is_cuda and normal.shape == spec.shape and normal.dtype == torch.float32
+    assert normal.device.type == device and normal.shape == spec.shape and normal.dtype == torch.float32
     assert abs(normal.mean().item()) < 0.01 and abs(normal.std().item() - 1) < 0.01
     assert torch.equal(normal, draw("normal", 1)) and not torch.equal(normal, draw("normal", 2))
+    flat = normal.flatten()
+    if device == "cpu":  # every part its own stream: no part repeats another
+        assert not torch.equal(flat[:1024], flat[HOST_PART_NUMEL:HOST_PART_NUMEL + 1024])
+        assert abs(flat[-1024:].std().item() - 1) < 0.1  # the short last part is drawn too
     assert (draw("negative", 1) <= 0).all() and draw("uniform", 1).abs().max() <= 1
+    assert draw("normal", 1, torch.float64).dtype == torch.float64
+    with torch.inference_mode():  # as in a proof: the drawing threads write inference tensors too
+        assert torch.equal(draw("normal", 1), normal)
     special = draw("special", 1)
     assert torch.isnan(special).any() and torch.isinf(special).any() and (special == 1e4).any()
     assert 0.05 < (~torch.isfinite(special)).float().mean().item() * 12 / 3 < 0.2  # about 1/8 special values
