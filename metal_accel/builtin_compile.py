@@ -148,21 +148,25 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     def run_trials(trials: list[Trial]) -> list[dict[str, Any]]:
         return [run_trial(lambda *a, **k: op(a, k, []), t.args, t.kwargs, [], repeat=(i == 0),
                           sync=backend.synchronize) for i, t in enumerate(trials)]
+    plan, t0 = trial_plan(call.spec), time.perf_counter()
     with torch.inference_mode():  # torch.compile is trusted code: the references share the trials' inputs
-        result = streamed_proof(trial_plan(call.spec), device, run_trials, module, original, state, copies=False)
+        result = streamed_proof(plan, device, run_trials, module, original, state, copies=False)
+    log.info("metal_accel: %s: torch.compile: proof of %d trials took %.1f s", call.name, len(plan),
+             time.perf_counter() - t0)
     assert not isinstance(result, str)  # run_trials reports a failing call in its results, never as a str
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
     probe = Dispatcher(module, original, strict=True)
     probe.honor_bypass = False
     probe.add(call.spec.signature(), op)  # type: ignore[arg-type]
-    inputs = timing_inputs(call, device)
+    inputs, t1 = timing_inputs(call, device), time.perf_counter()
     try:
         with torch.inference_mode(), eager_only():
             bench = compare_speed(original, probe, inputs, backend.synchronize, margin=margin, budget_s=budget_s,
                                   check=spot_check(inputs, float64_reference(module, original)), timer=timer)
     except Exception as exc:
         return reject(f"failed while timed: {type(exc).__name__}: {exc}")
+    log.info("metal_accel: %s: torch.compile: speed gate took %.1f s", call.name, time.perf_counter() - t1)
     details = {"bench": bench.to_dict(), "timings": {"compile_s": compile_s}}
     verdict = Verdict(env, bench.accepted, bench.reason, cand.digest, bench.speedup, bench.eager_us,
                       bench.kernel_us, details)
