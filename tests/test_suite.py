@@ -246,3 +246,31 @@ def test_cpu_bench_script_writes_a_run_made_elsewhere_with_its_machine_and_date(
     monkeypatch.setattr(sys, "argv", ["kernelbench_cpu.py", "--keys", "L1_4", "--section", "x", "--machine", "m"])
     with pytest.raises(SystemExit):
         kernelbench_cpu.main()
+
+
+def test_suite_summary_verdict_counts_both_targets_and_the_noise_of_eager_against_itself(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import suite_summary
+    rows = {"L1_1_a": {"level": 1, "vs_eager": 0.95, "vs_compile": 1.2, "result": "eager"},
+            "L1_2_b": {"level": 1, "vs_eager": 2.0, "vs_compile": 0.9, "result": "kernel"},
+            "L1_3_c": {"level": 1, "vs_eager": 1.05, "vs_compile": 1.5, "result": "eager"}}
+    text = suite_summary.verdict(rows, "cpu")
+    assert "at least 1.0x torch.compile on every problem: not met, 1 problem below 0.97x" in text
+    assert "at least 1.0x eager on every problem: 1 below 0.97x eager, 1 of them where the chosen best is eager" in text
+    assert "(2 problems)" in text and "0.95x to 1.05x, median 1.00x, 1 below 0.97x and 1 above 1.03x" in text
+    rows["L1_2_b"]["vs_compile"] = rows["L1_1_a"]["vs_eager"] = 1.0
+    assert "torch.compile on every problem: met; at least 1.0x eager on every problem: met." in suite_summary.verdict(rows, "cpu")
+
+
+def test_cpu_bandwidth_times_every_function_each_round_and_tables_the_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import cpu_bandwidth
+    calls: list[str] = []
+    fns = {n: (lambda *a, n=n: calls.append(n)) for n in ("eager", "torch.compile", "kernel", "read")}
+    med = cpu_bandwidth.interleaved(fns, [(1,), (2,)], rounds=8)
+    assert set(med) == set(fns) and all(calls.count(n) == 2 + 8 for n in fns)  # two warm-up sets, then 8 rounds
+    assert calls[8:12] == ["eager", "torch.compile", "kernel", "read"] and calls[12] == "torch.compile"  # rotating
+    row = {"key": "L1_45_x", "batch": 1, "mbytes": 1000.0, "us": {"eager": 300.0, "torch.compile": 100.0,
+                                                                  "kernel": 125.0, "read": 90.0},
+           "gbs": {"eager": 3.3, "torch.compile": 10.0, "kernel": 8.0, "read": 10.0}}
+    assert "| 0.80x | 80% |" in cpu_bandwidth.table([row])
