@@ -213,8 +213,8 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.status, row.reason = "skipped", skip
         row.seconds = time.perf_counter() - t_start
         return row
-    model, inputs = problem.instantiate(device, seed)
     step = _Steps(row.key)
+    model, inputs = problem.instantiate(device, seed)
     provs = [ProblemProvider(p.partition(":")[2] if p.startswith("dir:") else p, problem, model) for p in providers]
     row.attempted = any(p.files(backend) for p in provs)
     sets = input_sets(problem, inputs, device)
