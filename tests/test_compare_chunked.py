@@ -124,8 +124,8 @@ def test_comparing_a_large_output_takes_a_fraction_of_its_size_in_temporaries():
     output could not be proven on a 128 GB machine). Now the plain check holds a few chunks; the float64
     rule adds eager's error per element (2x, for its 99th percentile); guessing trivial outputs holds one
     guess at a time."""
-    for which in ("compare", "trivial"):  # ru_maxrss is a high-water mark: one process each
+    for which, limit in (("compare", 3), ("trivial", 1.5)):  # ru_maxrss is a high-water mark: one process each
         run = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, which], capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 0, run.stderr
-        assert float(run.stdout) < 64 * 3, (which, run.stdout)
+        assert float(run.stdout) < 64 * limit, (which, run.stdout)
