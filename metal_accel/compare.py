@@ -45,9 +45,9 @@ def _spans(t: torch.Tensor) -> Iterator[tuple[int, int]]:
     return ((s, min(s + step, n)) for s in range(0, n, step))
 
 
-def _count(t: torch.Tensor, pred: Any) -> int:
-    """How many elements of flat T satisfy PRED, counted a chunk at a time."""
-    return sum(int(pred(t[s:e]).sum()) for s, e in _spans(t))
+def _count(pred: Any, *flat: torch.Tensor) -> int:
+    """How many elements PRED holds for, over flat tensors of one size, counted a chunk at a time."""
+    return sum(int(pred(*(t[s:e] for t in flat)).sum()) for s, e in _spans(flat[0]))
 
 
 def _finite64(t: torch.Tensor, finite: torch.Tensor | None) -> torch.Tensor:
@@ -119,8 +119,8 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
     o, r = out.detach().reshape(-1), ref.detach().reshape(-1)  # views, unless a layout is not contiguous
     if not ref.is_floating_point():
         if not torch.equal(o, r):
-            n = sum(int((o[s:e] != r[s:e]).sum()) for s, e in _spans(r))
-            raise Mismatch(f"{where}: {n} of {ref.numel()} elements differ (exact dtype {ref.dtype})")
+            raise Mismatch(f"{where}: {_count(torch.ne, o, r)} of {ref.numel()} elements differ "
+                           f"(exact dtype {ref.dtype})")
         return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
     scale, any_special = _check_special_values(o, r, where)
     tol = TOLERANCES.get(ref.dtype, TOLERANCES[torch.float32])
@@ -164,12 +164,12 @@ def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str) -> tuple
         oc, rc = o[s:e], r[s:e]
         nan_o, nan_r = torch.isnan(oc), torch.isnan(rc)
         if not torch.equal(nan_o, nan_r):
-            raise Mismatch(f"{where}: NaN positions differ ({_count(o, torch.isnan)} NaN vs eager "
-                           f"{_count(r, torch.isnan)}; an unwritten output element is NaN)")
+            raise Mismatch(f"{where}: NaN positions differ ({_count(torch.isnan, o)} NaN vs eager "
+                           f"{_count(torch.isnan, r)}; an unwritten output element is NaN)")
         inf_o, inf_r = torch.isinf(oc), torch.isinf(rc)
         if not torch.equal(inf_o, inf_r) or not torch.equal(oc[inf_o], rc[inf_r]):
-            raise Mismatch(f"{where}: Inf positions or signs differ ({_count(o, torch.isinf)} vs eager "
-                           f"{_count(r, torch.isinf)})")
+            raise Mismatch(f"{where}: Inf positions or signs differ ({_count(torch.isinf, o)} vs eager "
+                           f"{_count(torch.isinf, r)})")
         finite = ~(nan_r | inf_r)
         if bool(finite.all()):
             total += rc.double().abs().sum().item()
