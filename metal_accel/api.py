@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -13,14 +15,16 @@ from . import config
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
 from .bench import DEFAULT_MARGIN
-from .capture import capture
+from .candidate import Candidate
+from .capture import ModuleCall, capture
 from .dispatch import dispatcher_of, uninstall
 from .errors import MetalAccelError
+from .model_state import StateGuard
 from .pipeline import Pipeline
 from .prove import ProofSettings
 from .worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
-from .synth.base import CandidateProvider
+from .synth.base import CandidateProvider, Evaluation
 from .synth.models import ModelSpec
 from .synth.providers import build_providers
 from .synth.settings import SynthSettings
@@ -62,28 +66,73 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
         report = OptimizeReport("none", "disabled by METAL_ACCEL_DISABLE")
         object.__setattr__(model, _REPORT_ATTR, report)
         return model
+    guard = StateGuard(model)
+    training = guard.training_modules()
+    if training:
+        warnings.warn(training_warning(training), UserWarning, stacklevel=2)
+    guard.eval()  # capture, proofs and timing all see the model as it will run its kernels: in eval mode
+    try:
+        report = _optimize(model, args, example_kwargs, guard, backend=backend, providers=providers, strict=strict,
+                           margin=margin, progress=progress, bench_budget_s=bench_budget_s, timeout_s=timeout_s,
+                           synthesize=synthesize, models=models, synth_settings=synth_settings)
+    finally:
+        changes = guard.restore()  # training flags, and any tensor something changed
+    for change in changes:
+        warnings.warn(f"metal_accel: optimize() changed the model and put it back: {change}", UserWarning,
+                      stacklevel=2)
+    report.notes += [f"training mode: {training_note(training)}"] if training else []
+    report.notes += [f"state restored: {c}" for c in changes]
+    report.elapsed_s = time.perf_counter() - start
+    object.__setattr__(model, _REPORT_ATTR, report)
+    annotate(report, model)
+    grad = [m.name for m in report.kernels if any(GRAD_NOTE in n for n in m.notes)]
+    if grad:
+        warnings.warn(f"metal_accel: {len(grad)} optimized module(s) ({', '.join(grad[:4])}"
+                      f"{', ...' if len(grad) > 4 else ''}) have parameters that require grad: their kernels "
+                      "run only under torch.no_grad() or torch.inference_mode(); with autograd recording "
+                      "they run eager", UserWarning, stacklevel=2)
+    log.info("metal_accel: %d of %d module calls run kernels", len(report.kernels), len(report.modules))
+    return model
+
+
+def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | None, guard: StateGuard, *,
+              backend: str | Backend | None, providers: Iterable[str | CandidateProvider] | None, strict: bool,
+              margin: float, progress: bool | None, bench_budget_s: float, timeout_s: float,
+              synthesize: bool | None, models: Sequence[str | ModelSpec] | str | None,
+              synth_settings: SynthSettings | None) -> OptimizeReport:
+    """optimize() with the model in eval mode under GUARD: capture, then every captured call decided."""
     try:
         be = backend if isinstance(backend, Backend) else \
             get_backend(backend) if backend else backend_for_device(_device_of(model, args))
         settings = ProofSettings(margin=margin, bench_budget_s=bench_budget_s, timeout_s=timeout_s)
-        plan = Pipeline(be, build_providers(providers, synthesize=synthesize, models=models, settings=synth_settings,
-                                            strict=strict, progress=progress), settings=settings, strict=strict)
+        plan = GuardedPipeline(be, build_providers(providers, synthesize=synthesize, models=models,
+                                                   settings=synth_settings, strict=strict, progress=progress),
+                               settings=settings, strict=strict, guard=guard)
         calls = capture(model, args, example_kwargs, sync=be.synchronize)
     except MetalAccelError as exc:
         if strict:
             raise
         log.warning("metal_accel: model left unchanged: %s", exc)
-        report = OptimizeReport(str(backend or "auto"), f"unavailable: {exc}")
-        object.__setattr__(model, _REPORT_ATTR, report)
-        return model
+        return OptimizeReport(str(backend or "auto"), f"unavailable: {exc}")
     plan.set_model(model)
     report = OptimizeReport(be.name, be.environment().device_name)
-    for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress, leave=False):
+    for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress,
+                     leave=False):
         report.modules.append(plan.process(call))
-    report.elapsed_s = time.perf_counter() - start
-    object.__setattr__(model, _REPORT_ATTR, report)
-    log.info("metal_accel: %d of %d module calls run kernels", len(report.kernels), len(report.modules))
-    return model
+    return report
+
+
+@dataclass
+class GuardedPipeline(Pipeline):
+    """The pipeline, copying a module's parameters and buffers before the first proof runs on it, so that
+    whatever a candidate, a reference or a perturbed trial leaves in them is put back (StateGuard)."""
+
+    guard: StateGuard | None = None
+
+    def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
+        if self.guard is not None:
+            self.guard.protect(call.module)
+        return super().evaluate(call, key, cand)
 
 
 def restore(model: nn.Module) -> nn.Module:
@@ -97,7 +146,8 @@ def restore(model: nn.Module) -> nn.Module:
 def explain(model: nn.Module) -> OptimizeReport:
     """The report of the last optimize(model): every captured call, kernel or eager, and why.
 
-    Kernels switched off at run time (they raised) are reported as eager with the error.
+    Kernels switched off at run time (they raised) are reported as eager with the error; kernels that
+    run only under conditions the model does not meet now (eval mode, no autograd) carry a note saying so.
     """
     report: OptimizeReport | None = model.__dict__.get(_REPORT_ATTR)
     if report is None:
@@ -107,5 +157,35 @@ def explain(model: nn.Module) -> OptimizeReport:
         disp = dispatcher_of(modules[m.name]) if m.name in modules else None
         if m.status != "eager" and disp is not None and disp.failures and not disp.table:
             m.status, m.reason = "eager", f"{m.status} failed at run time: " + "; ".join(disp.failures.values())
+    annotate(report, model)
     return report
 
+
+GRAD_NOTE = "runs only under torch.no_grad() or torch.inference_mode()"
+
+
+def annotate(report: OptimizeReport, model: nn.Module) -> None:
+    """Each installed kernel's conditions the model does not meet now: a module (or a descendant) in
+    training mode, parameters that require grad (kernels have no backward, so autograd runs eager)."""
+    modules = {name or type(model).__name__: m for name, m in model.named_modules()}
+    for m in report.modules:
+        module = modules.get(m.name)
+        m.notes = []
+        if m.status == "eager" or module is None:
+            continue
+        if any(sub.training for sub in module.modules()):
+            m.notes.append("installed for eval mode: runs eager while the module is in training mode "
+                           "(call model.eval())")
+        if any(p.requires_grad for p in module.parameters()):
+            m.notes.append(f"{GRAD_NOTE}: its parameters require grad, and with autograd recording it runs eager")
+
+
+def training_warning(names: list[str]) -> str:
+    return f"metal_accel: optimize() makes kernels for inference: {training_note(names)}"
+
+
+def training_note(names: list[str]) -> str:
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (f"{len(names)} module(s) were in training mode ({shown}); they were captured and proven in eval "
+            "mode, their training flags were put back, and their kernels run only once they are in eval mode "
+            "(model.eval())")

@@ -12,6 +12,7 @@ from .specs import call_signature
 
 
 log = logging.getLogger(__name__)
+_tracing_state = torch._C._get_tracing_state
 _bypass_depth = 0
 _UNRESOLVED = object()
 bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
@@ -55,12 +56,15 @@ class Dispatcher:
         self.strict = strict
         self.hits = 0
         self.misses = 0
+        self.grad_calls = 0  # calls that ran eager because autograd was recording
         self.failures: dict[str, str] = {}  # op name -> why it was switched off
         self.honor_bypass = True  # False for the timing probe, which must always run its kernel
         # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: dict[tuple, KernelOp | None] = {}
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
+        # kernels are proven with every module of the subtree in eval mode; in training mode it runs eager
+        self._subtree = tuple(module.modules())
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
@@ -92,21 +96,30 @@ class Dispatcher:
             return None
         return op if isinstance(op, KernelOp) else None
 
+    def in_training(self) -> bool:
+        """True when the module or one of its descendants is in training mode: kernels are for eval only."""
+        for m in self._subtree:
+            if m.training:
+                return True
+        return False
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None):
+        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) or self.in_training() \
+                or _tracing_state() is not None:  # torch.jit.trace records the module's own forward
             return self.original(*args, **kwargs)
         shapes = self._first_shapes
         if self.resolver is None and shapes is not None and args and type(args[0]) is torch.Tensor \
                 and args[0].shape not in shapes:  # the common miss, decided without a full signature
             self.misses += 1
             return self.original(*args, **kwargs)
+        state = self.layout.gather()
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*state, *args) if isinstance(t, torch.Tensor)):
+            self.grad_calls += 1
+            return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
         op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
         if op is None:
             self.misses += 1
             return self.original(*args, **kwargs)
-        state = self.layout.gather()
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (*state, *args) if isinstance(t, torch.Tensor)):
-            return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
         try:
             out = op(args, kwargs, state)
         except Exception as exc:

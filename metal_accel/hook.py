@@ -10,7 +10,9 @@ elsewhere is proven here first (METAL_ACCEL_REVALIDATE=first-use, the default) o
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
+import json
 import importlib.machinery
 import logging
 import os
@@ -18,6 +20,7 @@ import sys
 import threading
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -62,23 +65,69 @@ def _first_shape(input_spec: dict[str, Any]) -> tuple[int, ...] | None:
 
 
 def build_plans() -> dict[str, ClassPlan]:
-    """Class path -> plan, from the indexes of every active cache."""
+    """Class path -> plan, from the indexes of every active cache: only entries whose kernel may run here.
+
+    An entry counts when its candidate is a kernel (never a built-in torch.compile: compiling on a call
+    path the user never optimized stalls it for seconds) accepted in this machine's environment, or,
+    under METAL_ACCEL_REVALIDATE=first-use, accepted elsewhere with no verdict here yet. The first cache
+    holding a key decides it (lookup order: the user's verdicts come before a bundle's claims), so a
+    rejected entry patches nothing.
+    """
     from .backends import available_backends
     from .cache import all_caches
-    usable = set(available_backends())  # kernels for a device this machine lacks patch nothing
+    envs = _environment_ids(available_backends())  # kernels for a device this machine lacks patch nothing
+    first_use = revalidate_policy() == "first-use"
     plans: dict[str, ClassPlan] = {}
+    seen: set[tuple[str, str]] = set()
     for cache in all_caches():
         if not cache.root.is_dir():
             continue
-        for record in read_index(cache.root).values():
-            if not record.get("class_source_sha") or record.get("backend") not in usable:
+        for key, record in read_index(cache.root).items():
+            backend = record.get("backend")
+            if (backend, key) in seen or backend not in envs:
+                continue
+            seen.add((backend, key))
+            if not record.get("class_source_sha") or not record.get("accepted_envs"):
+                continue
+            if not _runs_here(cache.root / backend / f"{key}.json", envs[backend], first_use):
                 continue
             plan = plans.setdefault(record["module_class"],
                                     ClassPlan(record["module_class"], record["class_source_sha"]))
             shape = _first_shape(record["input_spec"])
             if shape is not None and record["class_source_sha"] == plan.class_source_sha:
                 plan.shapes.add(shape)
-    return plans
+    return {path: plan for path, plan in plans.items() if plan.shapes}
+
+
+def _environment_ids(backends: list[str]) -> dict[str, str]:
+    """Backend name -> this machine's environment id, for every backend it has."""
+    from .backends import get_backend
+    ids = {}
+    for name in backends:
+        try:
+            ids[name] = get_backend(name).environment().id
+        except Exception as exc:  # a backend that cannot name its device runs nothing automatically
+            log.info("metal_accel: %s: no environment (%s); its cached kernels are not used", name, exc)
+    return ids
+
+
+def _runs_here(path: Path, env_id: str, first_use: bool) -> bool:
+    """Whether the entry at PATH holds a kernel (not a built-in) accepted in ENV_ID, or, with FIRST_USE,
+    accepted elsewhere and not yet judged here. Read as plain JSON: this only narrows what is patched;
+    the entry is checked in full when a call resolves it."""
+    try:
+        data = json.loads(path.read_text())
+        cand = data.get("candidate") or {}
+        verdicts = data.get("verdicts") or {}
+        if not cand or cand.get("kind", "kernel") != "kernel":
+            return False
+        digest = cand.get("digest")
+        accepted = {k for k, v in verdicts.items() if v.get("accepted") and v.get("candidate_digest") == digest}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+    if env_id in verdicts:
+        return env_id in accepted
+    return first_use and bool(accepted)
 
 
 class _PatchingFinder(importlib.abc.MetaPathFinder):
@@ -147,25 +196,41 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
     except UnsupportedCall:
         return False
     original = vars(cls)["forward"]
-    shapes = frozenset(plan.shapes)
-
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if dispatch.bypass or type(self) is not cls or not args or _is_compiling():
-            return original(self, *args, **kwargs)  # traced by the user's torch.compile: their graph, eager code
-        first = args[0]
-        if type(first) is not torch.Tensor or first.shape not in shapes:
-            return original(self, *args, **kwargs)
-        auto = self.__dict__.get(_AUTO_ATTR)
-        if auto is None:
-            auto = _auto_dispatcher(self, original)
-        return auto(*args, **kwargs)
-
-    forward.__wrapped__ = original  # type: ignore[attr-defined]
-    forward.__doc__ = original.__doc__
     ORIGINAL_FORWARDS[cls] = original
     _patched[cls] = original
-    cls.forward = forward  # type: ignore[attr-defined]
+    cls.forward = _script_transparent(_dispatching_forward(cls, original, frozenset(plan.shapes)), original)
     return True
+
+
+def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozenset) -> Callable[..., Any]:
+    """The class's new forward: the original unless this exact class is called, in eval mode, outside any
+    tracer (torch.compile, export, torch.jit.trace), with a first tensor of a cached shape. Every name it
+    uses is a closure cell with a `_ma_` prefix: see _script_transparent."""
+    _ma_cls, _ma_original, _ma_shapes, _ma_dispatch = cls, original, shapes, dispatch
+    _ma_tensor, _ma_compiling, _ma_tracing = torch.Tensor, _is_compiling, torch._C._get_tracing_state
+    _ma_attr, _ma_auto = _AUTO_ATTR, _auto_dispatcher
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _ma_dispatch.bypass or type(self) is not _ma_cls or not args or self.training or _ma_compiling() \
+                or _ma_tracing() is not None:
+            return _ma_original(self, *args, **kwargs)  # traced by the user: their graph, eager code
+        first = args[0]
+        if type(first) is not _ma_tensor or first.shape not in _ma_shapes:
+            return _ma_original(self, *args, **kwargs)
+        auto = self.__dict__.get(_ma_attr)
+        if auto is None:
+            auto = _ma_auto(self, _ma_original)
+        return auto(*args, **kwargs)
+    return forward
+
+
+def _script_transparent(fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """FN rebuilt so that torch.jit.script compiles ORIGINAL in its place: it reads the source and signature
+    through `__wrapped__` and resolves names in the function's globals plus its closure cells, so FN gets
+    ORIGINAL's globals (it reads none itself: its own names are `_ma_` closure cells)."""
+    new = types.FunctionType(fn.__code__, original.__globals__, original.__name__, fn.__defaults__, fn.__closure__)
+    functools.update_wrapper(new, original)  # __wrapped__, __doc__, __name__, __qualname__, __annotations__
+    return new
 
 
 def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatcher:

@@ -25,6 +25,7 @@ class ModuleReport:
     speedup: float | None = None     # of what runs, over eager
     rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
     outpaced: list[str] = field(default_factory=list)  # one line per candidate that passed but lost to the winner
+    notes: list[str] = field(default_factory=list)     # when what runs would not: training mode, autograd
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,6 +37,7 @@ class OptimizeReport:
     device: str
     modules: list[ModuleReport] = field(default_factory=list)
     elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)  # about the model: training mode, state optimize() put back
 
     @property
     def kernels(self) -> list[ModuleReport]:
@@ -44,7 +46,7 @@ class OptimizeReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
-                "modules": [m.to_dict() for m in self.modules]}
+                "modules": [m.to_dict() for m in self.modules], "notes": list(self.notes)}
 
     def table(self, width: int = 60, verbose: bool = False) -> str:
         """A plain-text table: module, input spec, times, what runs and why (covered calls folded)."""
@@ -74,7 +76,9 @@ class OptimizeReport:
                 f"decided in {self.elapsed_s:.1f} s")
         if covered and not verbose:
             lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")
-        return head + "\n" + "\n".join(lines)
+        notes = [f"note: {n}" for n in self.notes]
+        notes += [f"note: {m.name}: {n}" for m in self.modules if m.reason != COVERED or verbose for n in m.notes]
+        return head + "\n" + "\n".join(lines + notes)
 
     def __str__(self) -> str:
         return self.table()
