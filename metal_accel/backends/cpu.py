@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import filelock
 import torch
 
 from .. import config
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
+from ..binary_allow import CPU as CPU_POLICY
+from ..binary_check import Baseline
+from ..source_check import HEADERS
+from .artifact import baseline, check_and_place, ensure_artifact
+from .native_build import compile_shared
 from .base import BoundKernels, Environment, os_description, torch_major_minor
 from .cpu_signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c, scalar_converter
 
 COMPILE_TIMEOUT_S = 120
-LOCK_TIMEOUT_S = 600
-MAX_DIAGNOSTICS = 4000
 
 compile_count = 0  # compiler invocations in this process (tests read it)
 
@@ -82,7 +84,7 @@ class CpuLibrary(BoundKernels):
             self._dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
             fns = {name: getattr(self._dll, name) for name in signatures}
         except (OSError, AttributeError) as e:
-            raise CompileError(f"cannot load compiled kernel library {path}: {e}") from e
+            raise CompileError(f"cannot load compiled kernel library {path.name}: {str(e).replace(str(path), path.name)}") from e
         self.path = path
         self.signatures = signatures
         self.compiled_now = compiled_now
@@ -197,26 +199,22 @@ def clear_memory_cache() -> None:
 
 
 def _run_compiler(cxx: str, source: str, out: Path) -> None:
+    """Compile SOURCE in a scratch directory next to OUT, check the headers it opened and the library it
+    made, then place it at OUT with its build record."""
     global compile_count
-    src = out.with_suffix(".cpp")
-    src.write_text(source)
-    fd, name = tempfile.mkstemp(dir=out.parent, prefix=out.stem + ".", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.stem + "."))
     try:
+        (work / "kernel.cpp").write_text(source)
         compile_count += 1
-        proc = subprocess.run([cxx, *compile_flags(), str(src), "-o", str(tmp)], capture_output=True, text=True,
-                              timeout=COMPILE_TIMEOUT_S)
-        if proc.returncode != 0:
-            log = (proc.stderr or proc.stdout).strip().replace(str(src), "kernel.cpp")
-            if len(log) > MAX_DIAGNOSTICS:
-                log = log[:MAX_DIAGNOSTICS] + f"\n... ({len(log) - MAX_DIAGNOSTICS} more characters)"
-            raise CompileError(f"C++ compilation failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
-        os.replace(tmp, out)
-    except subprocess.TimeoutExpired:
-        raise CompileError(f"C++ compilation timed out after {COMPILE_TIMEOUT_S} s") from None
+        built = compile_shared(cxx, compile_flags(), work, "kernel.cpp", COMPILE_TIMEOUT_S, config.include_dir(),
+                               HEADERS["c++"])
+        check_and_place(built, out, CPU_POLICY, _baseline(cxx))
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _baseline(cxx: str | None) -> Baseline | None:
+    return None if cxx is None else baseline(cxx, compile_flags(), str(config.include_dir()))
 
 
 @dataclass(frozen=True)
@@ -248,14 +246,8 @@ class CpuBackend:
         path = artifact_path(config.build_dir() / "cpu", content, cxx)
         if path in _loaded:
             return _loaded[path]
-        compiled_now = False
-        if not path.exists():
-            assert cxx is not None
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
-                if not path.exists():
-                    _run_compiler(cxx, source, path)
-                    compiled_now = True
+        build = (lambda: _run_compiler(cxx, source, path)) if cxx is not None else None
+        compiled_now = ensure_artifact(path, build, CPU_POLICY, _baseline(cxx))
         lib = _loaded[path] = CpuLibrary(path, signatures, compiled_now)
         return lib
 

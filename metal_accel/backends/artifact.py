@@ -1,0 +1,114 @@
+"""Compiled kernel libraries on disk: checked when built, checked again before the first load.
+
+Building writes `<artifact>.check.json` (the artifact's sha256 and the binary check's verdict) before
+the artifact itself appears. Before a process first loads an artifact, its sha256 is recomputed and
+compared with that record and the binary check runs again (about 10 ms), so neither a swapped or
+truncated file nor an edited record is loaded. A mismatch deletes the artifact and rebuilds it once;
+a second failure is a CompileError that says so.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import filelock
+
+from ..binary_allow import Policy
+from ..binary_check import DEFAULT_BASELINE, Baseline, BinaryCheckError, Verdict, check_shared_object, measure_baseline, sha256_of
+from ..errors import CompileError
+from .native_build import compile_shared
+
+LOCK_TIMEOUT_S = 600
+EMPTY_UNIT = 'extern "C" void ma_empty_kernel() {}\n'
+
+
+def record_path(artifact: Path) -> Path:
+    """Where the build record of ARTIFACT lives."""
+    return artifact.with_name(artifact.name + ".check.json")
+
+
+@functools.cache
+def baseline(cxx: str, flags: tuple[str, ...], include_dir: str) -> Baseline:
+    """The toolchain's own load-time entries and writable data for FLAGS, measured once per process by
+    compiling an empty translation unit (kept in memory only: a record on disk could be edited)."""
+    with tempfile.TemporaryDirectory(prefix="ma-baseline-") as d:
+        work = Path(d)
+        (work / "kernel.cpp").write_text(EMPTY_UNIT)
+        so = compile_shared(cxx, flags, work, "kernel.cpp", 120, Path(include_dir), frozenset(),
+                            "compiling the empty baseline unit")
+        return measure_baseline(so)
+
+
+def check_and_place(built: Path, artifact: Path, policy: Policy, base: Baseline) -> Verdict:
+    """Binary-check BUILT (raises BinaryCheckError), write ARTIFACT's record, then move BUILT to ARTIFACT."""
+    verdict = check_shared_object(built, policy, base)
+    rec = {"sha256": verdict.sha256, "backend": policy.backend, "binary_check": verdict.summary}
+    fd, tmp = tempfile.mkstemp(dir=artifact.parent, prefix=artifact.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, record_path(artifact))
+    os.replace(built, artifact)
+    return verdict
+
+
+def _problem(artifact: Path, policy: Policy, base: Baseline) -> str | None:
+    """Why ARTIFACT may not be loaded as it is (None when it may). A failed binary check raises."""
+    if not artifact.exists():
+        return "is missing"
+    try:
+        rec = json.loads(record_path(artifact).read_text())
+        recorded = rec["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "has no readable build record"
+    try:
+        actual = sha256_of(artifact)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if actual != recorded:
+        return "changed on disk after it was built (its sha256 differs from the build record)"
+    try:
+        check_shared_object(artifact, policy, base)
+    except BinaryCheckError as e:
+        if "not a readable ELF" in str(e):
+            return "is truncated or corrupt"
+        raise
+    return None
+
+
+def discard(artifact: Path) -> None:
+    """Delete ARTIFACT and its build record."""
+    for p in (artifact, record_path(artifact)):
+        p.unlink(missing_ok=True)
+
+
+def ensure_artifact(artifact: Path, build: Callable[[], None] | None, policy: Policy, base: Baseline | None) -> bool:
+    """Make sure ARTIFACT exists, matches its build record and passes the binary check; BUILD() (which must
+    call check_and_place) makes it when missing, and remakes it once when it fails. True when built now.
+    BASE None: no compiler here to measure the baseline; GCC's own (DEFAULT_BASELINE) is assumed."""
+    base = base or DEFAULT_BASELINE
+    built_now = False
+    problem = None
+    for attempt in range(2):
+        if artifact.exists() and _problem(artifact, policy, base) is None:
+            return built_now
+        artifact.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(str(artifact.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
+            problem = _problem(artifact, policy, base)
+            if problem is None:
+                return built_now
+            if attempt and problem != "is missing":
+                break
+            discard(artifact)
+            if build is None:
+                break
+            build()
+            built_now = True
+            problem = _problem(artifact, policy, base)
+            if problem is None:
+                return True
+    raise CompileError(f"the compiled kernel library {artifact.name} {problem or 'could not be built'}"
+                       f"{' and rebuilding it did not help' if built_now else ''}; it is not loaded")
