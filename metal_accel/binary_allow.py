@@ -30,8 +30,12 @@ OPENMP = frozenset({"omp_get_thread_num", "omp_get_num_threads", "omp_get_max_th
 TOOLCHAIN = frozenset({"__cxa_finalize", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable", "__gmon_start__"})
 
 # libmvec (_ZGV...), glibc's *_finite entry points, operator new/delete, the C++ ABI (__cxa_*: guards,
-# exception allocation, thread-exit destructors), the unwinder, std::__throw_*, libgomp's GOMP_*
-_PREFIXES = re.compile(r"_ZGV|__\w+_finite$|_Zn[wa]|_Zd[la]|__cxa_|_Unwind_|_ZSt\d+__throw_|GOMP_")
+# exception allocation, thread-exit destructors), the unwinder, std::__throw_*, libgomp's GOMP_*, and
+# libgcc's arithmetic helpers (half/bfloat conversions, 128-bit and complex arithmetic, bit counts)
+_PREFIXES = re.compile(r"_ZGV|__\w+_finite$|_Zn[wa]|_Zd[la]|__cxa_|_Unwind_|_ZSt\d+__throw_|GOMP_|"
+                       r"__(?:trunc|extend)[a-z]+f2$|__(?:float|fixuns|fix)[a-z]+$|__(?:add|sub|mul|div|neg|pow)[a-z]+[23]$|"
+                       r"__(?:u?div|u?mod|u?divmod)[a-z]+[34]$|__(?:popcount|clz|ctz|ffs|parity|bswap)[a-z]+2$|"
+                       r"__(?:eq|ne|lt|le|gt|ge|unord|cmp)[a-z]+2$")
 
 # The MSL emulator's runtime (include/msl_emu/runtime.h), measured from compiled emulator kernels:
 # fiber stacks (mmap, guard pages with mprotect, munmap), error messages (vsnprintf/snprintf into a

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -26,19 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import filelock
 import torch
 
 from .. import config
 from ..errors import CompileError, KernelLaunchError
+from ..binary_allow import MPS_EMU as MPS_EMU_POLICY
+from ..binary_check import Baseline
+from .artifact import baseline, check_and_place, discard, ensure_artifact
+from .native_build import compile_shared, compiler_env, scrub_diagnostics
 from .base import Environment, os_description, torch_major_minor
 from .cpu import artifact_path, cpu_name, find_compiler, openmp_flags
 from .mps_launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
 COMPILE_TIMEOUT_S = 180
-LOCK_TIMEOUT_S = 600
-MAX_DIAGNOSTICS = 4000
+EMULATOR_HEADERS = frozenset({"msl_emu/metal_stdlib.h"})  # the one header the translator's C++ includes
 SIMD_WIDTH = 32
 METAL_VERSION = 310  # MSL 3.1: what compile_shader targets on macOS 14
 
@@ -233,7 +236,7 @@ class EmuLibrary:
             dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
             fns = {k.name: getattr(dll, f"ma_launch_{k.name}") for k in kernels}
         except (OSError, AttributeError) as e:
-            raise CompileError(f"cannot load compiled kernel library {path}: {e}") from e
+            raise CompileError(f"cannot load compiled kernel library {path.name}: {str(e).replace(str(path), path.name)}") from e
         object.__setattr__(self, "_dll", dll)
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_compiled_now", compiled_now)
@@ -274,9 +277,7 @@ def _tool_digest() -> str:
 
 
 def _diagnostics(proc: subprocess.CompletedProcess, src: Path, what: str, cxx: str) -> CompileError:
-    log = (proc.stderr or proc.stdout).strip().replace(str(src), src.name)
-    if len(log) > MAX_DIAGNOSTICS:
-        log = log[:MAX_DIAGNOSTICS] + f"\n... ({len(log) - MAX_DIAGNOSTICS} more characters)"
+    log = scrub_diagnostics(proc.stderr or proc.stdout, src.parent, (src.name,))
     return CompileError(f"{what} failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
 
 
@@ -290,7 +291,7 @@ def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
         try:
             pre = subprocess.run([cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
                                   "-D__METAL__=1", "-D__HAVE_BFLOAT__=1", metal.name], cwd=work, capture_output=True,
-                                 encoding="utf-8", errors="replace", timeout=COMPILE_TIMEOUT_S)
+                                 encoding="utf-8", errors="replace", timeout=COMPILE_TIMEOUT_S, env=compiler_env())
         except subprocess.TimeoutExpired:
             raise CompileError(f"preprocessing timed out after {COMPILE_TIMEOUT_S} s") from None
         if pre.returncode != 0:
@@ -301,22 +302,19 @@ def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
         cpp = work / "kernel.cpp"
         cpp.write_text(cpp_text, encoding="utf-8")
         compile_count += 1
-        try:
-            proc = subprocess.run([cxx, *_flags(), cpp.name, "-o", "kernel.so"], cwd=work, capture_output=True,
-                                  encoding="utf-8", errors="replace", timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"C++ compilation timed out after {COMPILE_TIMEOUT_S} s") from None
-        if proc.returncode != 0:
-            raise _diagnostics(proc, cpp, "compiling the translated kernel", cxx)
+        built = compile_shared(cxx, _flags(), work, cpp.name, COMPILE_TIMEOUT_S, config.include_dir(), EMULATOR_HEADERS,
+                               "compiling the translated kernel")
         meta = out.with_suffix(".json")
         (work / "kernels.json").write_text(json.dumps([k.to_dict() for k in kernels]))
         os.replace(work / "kernels.json", meta)
-        os.replace(work / "kernel.so", out)
+        check_and_place(built, out, MPS_EMU_POLICY, _baseline(cxx))
         return kernels
     finally:
-        for f in work.glob("*"):
-            f.unlink(missing_ok=True)
-        work.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _baseline(cxx: str | None) -> Baseline | None:
+    return None if cxx is None else baseline(cxx, _flags(), str(config.include_dir()))
 
 
 _loaded: dict[Path, EmuLibrary] = {}
@@ -355,20 +353,21 @@ class MpsEmuBackend:
         path = artifact_path(directory, content, cxx)
         if path in _loaded:
             return _loaded[path]
-        compiled_now = False
         kernels: list[MslKernel] | None = None
-        if not (path.exists() and path.with_suffix(".json").exists()):
+        if path.exists() and not path.with_suffix(".json").exists():
+            discard(path)  # a library without its kernel list is half a build
+
+        def build() -> None:
+            nonlocal kernels
             assert cxx is not None
-            directory.mkdir(parents=True, exist_ok=True)
-            with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
-                if not (path.exists() and path.with_suffix(".json").exists()):
-                    kernels = _build(cxx, source, path)
-                    compiled_now = True
+            kernels = _build(cxx, source, path)
+
+        compiled_now = ensure_artifact(path, build if cxx is not None else None, MPS_EMU_POLICY, _baseline(cxx))
         if kernels is None:
             try:
                 kernels = [MslKernel.from_dict(d) for d in json.loads(path.with_suffix(".json").read_text())]
             except (OSError, ValueError, KeyError, TypeError) as e:
-                raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json')}: {e}") from e
+                raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json').name}: {e}") from e
         lib = _loaded[path] = EmuLibrary(path, kernels, compiled_now)
         return lib
 

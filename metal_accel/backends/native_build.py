@@ -129,7 +129,7 @@ def compile_shared(cxx: str, flags: tuple[str, ...], work: Path, source_name: st
                               encoding="utf-8", errors="replace", timeout=timeout_s, env=compiler_env())
     except subprocess.TimeoutExpired:
         raise CompileError(f"{what} timed out after {timeout_s} s") from None
-    names = (source_name, "kernel.cpp")
+    names = (source_name, "kernel.cpp", "kernel.metal")  # the emulator's C++ points back at the MSL with #line
     if proc.returncode != 0:
         log = scrub_diagnostics(proc.stderr or proc.stdout, work, names)
         raise CompileError(f"{what} failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
