@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .errors import CandidateFormatError
 
+KINDS = ("kernel", "inductor", "cuda-graph")
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -22,8 +23,22 @@ class Candidate:
     kind: str = "kernel"  # "kernel": SOURCE + host code; "inductor": torch.compile of the module itself;
     #                       "cuda-graph": that compile replayed as a CUDA graph
 
+    def __post_init__(self) -> None:
+        # The digest hashes backend and code only, so nothing that decides behaviour may vary apart from them:
+        # a kernel's SOURCE is the literal in its code, a built-in carries none (its code names its kind).
+        if self.kind not in KINDS:
+            raise CandidateFormatError(f"unknown candidate kind {self.kind!r}")
+        if self.kind == "kernel":
+            declared = declared_source(self.code)
+            if declared != self.source:
+                raise CandidateFormatError("the kernel source differs from the SOURCE literal of its code"
+                                           if declared is not None else "its code defines no SOURCE literal")
+        elif self.source:
+            raise CandidateFormatError(f"a built-in {self.kind} candidate carries no kernel source")
+
     @property
     def digest(self) -> str:
+        """sha256 of backend and code: with the checks above, of everything the candidate runs."""
         return hashlib.sha256(f"{self.backend}\0{self.code}".encode()).hexdigest()
 
     @property
@@ -41,6 +56,20 @@ def extract_code(text: str) -> str:
     if blocks and not ("SOURCE" in text and "def forward" in text.split("```")[0]):
         raise CandidateFormatError("no fenced Python block defines both SOURCE and forward()")
     return text.strip("\n") + "\n"
+
+
+def declared_source(code: str) -> str | None:
+    """The string of the top-level `SOURCE = "..."` of CODE; None when there is none or CODE is not Python."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE" for t in node.targets):
+            found = node.value.value if isinstance(node.value, ast.Constant) and \
+                isinstance(node.value.value, str) else None
+    return found
 
 
 def parse_candidate(text: str, backend: str, origin: str = "") -> Candidate:

@@ -3,7 +3,9 @@
 Keys are read only by the SDKs (from the environment or their own configuration). Any text that
 comes back from an SDK or a server (an error message, a response body) passes through `scrub`
 before it is logged, stored or raised: the values of credential-like environment variables, any
-key registered at run time, and key-shaped tokens are replaced by `[redacted]`.
+key registered at run time, key-shaped tokens and the credentials of URLs are replaced by `[redacted]`.
+`metal_accel.redact` builds on it for every reason the library shows or sends (environment values,
+home paths, environment dumps).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ _SHAPES = re.compile(
     r"|(?:(?<=[Bb]earer )[A-Za-z0-9_\-.=~+/]{6,})"     # bearer tokens
     r"|(?:(?<=x-api-key: )\S{6,})"
     r"|(?:(?<=api_key=)[^&\s'\"]{6,})"
+    r"|(?:(?<=://)[^/\s@'\"<>]+(?=@[^\s@]))"             # user:password@ (or a token@) in a URL
 )
 _MIN_SECRET = 6
 _registered: set[str] = set()
