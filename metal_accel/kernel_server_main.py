@@ -1,0 +1,192 @@
+"""The kernel server's own end: a sandboxed process that loads untrusted native kernels and runs their calls.
+
+    python metal_accel/confine.py -m metal_accel.kernel_server_main FD PARENT_PID SCRATCH
+
+It talks over the Unix socket FD (kernel_server.py is the other end), dies with its parent
+(PR_SET_PDEATHSIG), and confines itself (confine.py: scrubbed environment, no network, no exec, no
+writes outside SCRATCH, the build directory read-only) before it loads any kernel. It only loads
+artifacts the caller built and the binary check passed; it never compiles. Kernels see tensors in a
+shared-memory arena the client fills; a call carries arena offsets and scalars, packed with the
+struct formats below, never pickled.
+
+Frames, both ways: HEAD (payload length, op or status, library, kernel) then the payload.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from . import config, confine
+from .backends import available_backends, get_backend
+from .worker import _prepare
+
+HEAD = struct.Struct("<IBII")   # payload bytes, op (client) or status (server), library id, kernel index
+OP_LOAD, OP_ARENA, OP_CALL = 1, 2, 3
+OK, FAILED, KERNEL_ERROR = 0, 1, 2  # reply status: done; a load or call failed (text); the kernel reported an error
+ERROR_BYTES = 2000                  # longest error text a reply carries
+
+# C scalar type -> struct code the client packs it with
+_SCALAR_CODES = {"float": "d", "double": "d", "bool": "?", "uint64_t": "Q", "size_t": "Q"}
+
+
+def cpu_call_format(params: list[Any]) -> struct.Struct:
+    """The payload of one call of a CPU kernel with PARAMS (cpu_signature.CParam): an arena offset (Q)
+    per pointer, the value per scalar."""
+    return struct.Struct("<" + "".join("Q" if p.is_pointer else _SCALAR_CODES.get(p.base_type, "q") for p in params))
+
+
+def emu_call_format(nbuffers: int) -> struct.Struct:
+    """The payload of one call of an mps-emu kernel: an arena offset per buffer index, then the grid and group."""
+    return struct.Struct(f"<{nbuffers}Q6Q")
+
+
+def prepare() -> None:
+    """What must happen before confinement, for every native backend here: imports, the compiler's identity
+    and the toolchain baseline (they run the compiler, which the sandbox forbids)."""
+    for name in available_backends():
+        if name in ("cpu", "mps-emu"):
+            _prepare(name, "cpu")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before the signal was armed
+
+
+class _Library:
+    """One loaded library: per kernel, the function to call with the payload and the arena's base address."""
+
+    def __init__(self, backend_name: str, source: str) -> None:
+        lib = get_backend(backend_name).compile(source)  # loads the artifact the parent's side built
+        self.names = list(lib.kernel_names)
+        self.emu: list[dict[str, Any]] = []
+        self.calls: list[Callable[[memoryview, int], str]] = []
+        if backend_name == "mps-emu":
+            for name in self.names:
+                kernel = getattr(lib, name)
+                self.emu.append(kernel._k.to_dict())
+                self.calls.append(_emu_call(kernel._fn, kernel._nargs))
+        else:
+            for name in self.names:
+                self.calls.append(_cpu_call(getattr(lib._dll, name), lib.signatures[name]))  # argtypes set by _bind
+
+
+def _cpu_call(fn: Any, params: list[Any]) -> Callable[[memoryview, int], str]:
+    fmt = cpu_call_format(params)
+    pointers = [i for i, p in enumerate(params) if p.is_pointer]
+
+    def call(payload: memoryview, base: int) -> str:
+        values = list(fmt.unpack(payload))
+        for i in pointers:
+            values[i] += base
+        fn(*values)
+        return ""
+    return call
+
+
+def _emu_call(fn: Any, nargs: int) -> Callable[[memoryview, int], str]:
+    fmt = emu_call_format(nargs)
+    ptrs = (ctypes.c_void_p * max(1, nargs))()
+    dims = (ctypes.c_uint64 * 6)()
+    err = ctypes.create_string_buffer(512)
+
+    def call(payload: memoryview, base: int) -> str:
+        values = fmt.unpack(payload)
+        for i in range(nargs):
+            ptrs[i] = base + values[i]
+        dims[:] = values[nargs:]
+        if fn(ptrs, dims, err, 512) != 0:
+            return err.value.decode(errors="replace")
+        return ""
+    return call
+
+
+class _Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.libs: dict[int, _Library] = {}
+        self.arena: Any = None
+        self.base = 0
+        self.fds: deque[int] = deque()
+
+    def reply(self, status: int, lib: int = 0, payload: bytes = b"") -> None:
+        self.sock.sendall(HEAD.pack(len(payload), status, lib, 0) + payload)
+
+    def map_arena(self, size: int) -> None:
+        import mmap
+        fd = self.fds.popleft()
+        arena = mmap.mmap(fd, size)
+        os.close(fd)
+        self.arena, self.base = arena, ctypes.addressof(ctypes.c_char.from_buffer(arena))
+
+    def load(self, lib_id: int, payload: bytes) -> None:
+        req = json.loads(payload)
+        try:
+            lib = self.libs[lib_id] = _Library(req["backend"], req["source"])
+        except Exception as exc:
+            self.reply(FAILED, lib_id, f"{type(exc).__name__}: {exc}"[:ERROR_BYTES].encode())
+            return
+        self.reply(OK, lib_id, json.dumps({"kernels": lib.names, "emu": lib.emu}).encode())
+
+    def call(self, lib_id: int, kernel: int, payload: memoryview) -> None:
+        try:
+            error = self.libs[lib_id].calls[kernel](payload, self.base)
+        except Exception as exc:
+            self.reply(FAILED, lib_id, f"{type(exc).__name__}: {exc}"[:ERROR_BYTES].encode())
+            return
+        if error:
+            self.reply(KERNEL_ERROR, lib_id, error[:ERROR_BYTES].encode())
+        else:
+            self.reply(OK, lib_id)
+
+    def serve(self) -> None:
+        buf = bytearray()
+        while True:
+            data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 16))
+            if not data:
+                return  # the client closed the connection: done
+            for level, kind, fds in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    self.fds.extend(struct.unpack(f"{len(fds) // 4}i", fds[:len(fds) - len(fds) % 4]))
+            buf += data
+            while len(buf) >= HEAD.size:
+                size, op, lib_id, kernel = HEAD.unpack_from(buf)
+                end = HEAD.size + size
+                if len(buf) < end:
+                    break
+                payload = memoryview(buf)[HEAD.size:end]
+                if op == OP_CALL:
+                    self.call(lib_id, kernel, payload)
+                elif op == OP_ARENA:
+                    self.map_arena(struct.unpack("<Q", payload)[0])
+                elif op == OP_LOAD:
+                    self.load(lib_id, bytes(payload))
+                payload.release()
+                del buf[:end]
+
+
+def serve(fd: int, parent_pid: int, scratch: str) -> None:
+    """Prepare, confine (before any kernel loads), say hello with the layers applied, then serve calls."""
+    _die_with_parent(parent_pid)
+    sock = socket.socket(fileno=fd)
+    prepare()
+    netns = os.environ.pop("METAL_ACCEL_NETNS", "netns: not tried (not started through confine.py)")
+    layers = [netns, *confine.apply(Path(scratch), read_only=[config.build_dir()])]
+    hello = json.dumps({"layers": layers}).encode()
+    sock.sendall(HEAD.pack(len(hello), OK, 0, 0) + hello)
+    _Server(sock).serve()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
