@@ -189,7 +189,7 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
     if cand.is_builtin:
         compiled = CompiledOp(module, f"compile_{key[:16]}")
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
-    lib = backend.compile(cand.source)
+    from .native_policy import runtime_library; lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
                    backend.device_type)
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":

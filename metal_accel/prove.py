@@ -153,7 +153,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
     try:
-        lib = backend.compile(cand.source)  # proven in the worker; a disk-cache hit here
+        from .native_policy import runtime_library; lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
