@@ -14,6 +14,7 @@ Frames, both ways: HEAD (payload length, op or status, library, kernel) then the
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import json
 import os
 import signal
@@ -54,6 +55,32 @@ def prepare() -> None:
     for name in available_backends():
         if name in ("cpu", "mps-emu"):
             _prepare(name, "cpu")
+
+
+class _FpGuard:
+    """The floating-point control state (rounding, flush-to-zero, exception masks; not the sticky flags):
+    read after every call, restored and reported when a kernel changed it, so later kernels are unaffected."""
+
+    def __init__(self) -> None:
+        self._libm = ctypes.CDLL("libm.so.6" if sys.platform.startswith("linux") else ctypes.util.find_library("m"))
+        self._saved = ctypes.create_string_buffer(64)
+        self._now = ctypes.create_string_buffer(64)
+        self._libm.fegetenv(self._saved)
+        self._control = self._control_of(self._saved)
+
+    @staticmethod
+    def _control_of(env: Any) -> bytes:
+        raw = env.raw
+        if sys.platform.startswith("linux") and os.uname().machine == "x86_64":  # glibc fenv_t: x87 cw ... mxcsr
+            return raw[0:2] + (int.from_bytes(raw[28:32], "little") & ~0x3F).to_bytes(4, "little")
+        return raw[0:4]  # aarch64 glibc and macOS: the control register comes first
+
+    def changed(self) -> bool:
+        self._libm.fegetenv(self._now)
+        if self._control_of(self._now) == self._control:
+            return False
+        self._libm.fesetenv(self._saved)
+        return True
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -113,12 +140,13 @@ def _emu_call(fn: Any, nargs: int) -> Callable[[memoryview, int], str]:
 
 
 class _Server:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, fp: _FpGuard) -> None:
         self.sock = sock
         self.libs: dict[int, _Library] = {}
         self.arena: Any = None
         self.base = 0
         self.fds: deque[int] = deque()
+        self.fp = fp
 
     def reply(self, status: int, lib: int = 0, payload: bytes = b"") -> None:
         self.sock.sendall(HEAD.pack(len(payload), status, lib, 0) + payload)
@@ -145,7 +173,10 @@ class _Server:
         except Exception as exc:
             self.reply(FAILED, lib_id, f"{type(exc).__name__}: {exc}"[:ERROR_BYTES].encode())
             return
-        if error:
+        if self.fp.changed():
+            self.reply(FAILED, lib_id, b"the kernel changed the floating-point control state (rounding mode, "
+                                       b"flush-to-zero or exception masks); it is dropped")
+        elif error:
             self.reply(KERNEL_ERROR, lib_id, error[:ERROR_BYTES].encode())
         else:
             self.reply(OK, lib_id)
@@ -181,11 +212,12 @@ def serve(fd: int, parent_pid: int, scratch: str) -> None:
     _die_with_parent(parent_pid)
     sock = socket.socket(fileno=fd)
     prepare()
+    fp = _FpGuard()
     netns = os.environ.pop("METAL_ACCEL_NETNS", "netns: not tried (not started through confine.py)")
     layers = [netns, *confine.apply(Path(scratch), read_only=[config.build_dir()])]
     hello = json.dumps({"layers": layers}).encode()
     sock.sendall(HEAD.pack(len(hello), OK, 0, 0) + hello)
-    _Server(sock).serve()
+    _Server(sock, fp).serve()
 
 
 if __name__ == "__main__":
