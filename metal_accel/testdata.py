@@ -1,6 +1,7 @@
 """Fresh test inputs drawn from an InputSpec: new tensors every trial, never the example tensors."""
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -10,6 +11,12 @@ from .specs import InputSpec, ScalarSpec, TensorSpec
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "negative", "small")
 SPECIAL = "special"  # zeros, negatives, large magnitudes, NaN, +-Inf and denormals among normal values
+STRUCTURED = "structured"  # rows (along the last dimension) of ROW_KINDS among normal ones: see _structure
+# what real inputs hold and random ones never do: zero-padded rows (16 or more zeros at the start, or at the
+# end, or all zeros), all-equal rows, ramps, few repeated values, 0/1 masks, rows at the dtype's extremes
+# (integers: the ends of the observed range; floats: scaled by 2**(+-maxexp/4), so a square stays finite)
+ROW_KINDS = ("padded", "constant", "ramp", "repeated", "mask", "extremes")
+PAD = 16  # zeros a padded row starts with, at least
 
 
 def _storage_numel(spec: TensorSpec) -> int:
@@ -98,8 +105,107 @@ def _fill_large(n: int, dtype: torch.dtype, dist: str, gen: torch.Generator, dev
     return out
 
 
+def _row_kinds(rows: int, gen: torch.Generator) -> list[str]:
+    """The kinds of ROWS rows, cyclic: "padded" always among them, the others drawn at random where
+    fewer rows than kinds, in a random order."""
+    others = [ROW_KINDS[1:][i] for i in torch.randperm(len(ROW_KINDS) - 1, generator=gen)]
+    chosen = ["padded", *others][:max(1, min(rows, len(ROW_KINDS)))]
+    return [chosen[i] for i in torch.randperm(len(chosen), generator=gen)]
+
+
+def _structure(t: torch.Tensor, spec: TensorSpec, gen: torch.Generator) -> None:
+    """Overwrite rows of contiguous T (drawn normal) in place with ROW_KINDS, each kind on every k-th row."""
+    if t.dim() == 0 or not t.numel():
+        return
+    rows = t.view(-1, t.shape[-1])
+    kinds = _row_kinds(rows.shape[0], gen)
+    with torch.inference_mode(torch.is_inference_mode_enabled()):
+        for j, kind in enumerate(kinds):
+            view = rows[j::len(kinds)]
+            if t.dtype == torch.bool:
+                _bool_rows(view, kind, gen)
+            elif t.dtype.is_floating_point:
+                _float_rows(view, kind, gen)
+            else:
+                lo, hi = spec.value_range if spec.value_range else (0, 16)
+                _int_rows(view, kind, int(lo), int(hi), gen)
+
+
+def _pad(view: torch.Tensor, gen: torch.Generator, value: float | int | bool) -> None:
+    """VALUE in the first PAD elements of some rows, a longer prefix of others, the end of others, all of
+    the rest (in turns; a single row gets exactly PAD at its start)."""
+    n = view.shape[-1]
+    longer = min(n, PAD + int(torch.randint(0, max(1, n - PAD), (1,), generator=gen)))
+    view[0::4, :PAD] = value
+    view[1::4, :longer] = value
+    view[2::4, max(0, n - longer):] = value
+    view[3::4] = value
+
+
+def _float_rows(view: torch.Tensor, kind: str, gen: torch.Generator) -> None:
+    r, n = view.shape
+    if kind == "padded":
+        _pad(view, gen, 0.0)
+    elif kind == "constant":  # quarters: a row's sum is exact in any order, so its mean and variance are too
+        c = torch.randint(1, 13, (r, 1), generator=gen).double() / 4 * (torch.randint(0, 2, (r, 1), generator=gen) * 2 - 1)
+        view.copy_(c.expand(r, n))
+    elif kind == "ramp":
+        a = torch.randn(r, 1, generator=gen, dtype=torch.float64)
+        span = (1 + 2 * torch.randn(r, 1, generator=gen, dtype=torch.float64).abs()) * (
+            torch.randint(0, 2, (r, 1), generator=gen) * 2 - 1)
+        view.copy_(a + span * torch.linspace(0, 1, n, dtype=torch.float64))
+    elif kind == "repeated":  # multiples of 1/2 around zero: few distinct values, each many times
+        view.mul_(1.5).round_().div_(2)
+    elif kind == "mask":
+        view.gt_(0)
+    else:
+        e = math.frexp(torch.finfo(view.dtype).max)[1] // 4
+        up = torch.randint(0, 2, (r, 1), generator=gen).double() * 2 - 1
+        view.mul_(torch.pow(2.0, up * e).to(view.dtype))
+
+
+def _int_rows(view: torch.Tensor, kind: str, lo: int, hi: int, gen: torch.Generator) -> None:
+    r, n = view.shape
+    if kind == "padded":
+        _pad(view, gen, 0 if lo <= 0 <= hi else lo)
+    elif kind == "constant":
+        view.copy_(torch.randint(lo, hi + 1, (r, 1), generator=gen).expand(r, n))
+    elif kind == "ramp":
+        view.copy_(torch.linspace(lo, hi, n, dtype=torch.float64).round().expand(r, n))
+    elif kind == "repeated":
+        view.sub_(lo).remainder_(3).add_(lo).clamp_(max=hi)
+    elif kind == "mask":
+        a, b = (0, 1) if lo <= 0 and 1 <= hi else (lo, hi)
+        view.copy_(torch.where(view.remainder(2) == 0, a, b))
+    else:
+        view.copy_(torch.where(view.remainder(2) == 0, lo, hi))
+
+
+def _bool_rows(view: torch.Tensor, kind: str, gen: torch.Generator) -> None:
+    if kind == "padded":
+        _pad(view, gen, False)
+    elif kind in ("constant", "extremes"):
+        view.copy_((torch.rand(view.shape[0], 1, generator=gen) < 0.5).expand_as(view))
+
+
 def make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch.device | str) -> torch.Tensor:
-    """A new tensor with the spec's shape, dtype and strides, values from `dist`."""
+    """A new tensor with the spec's shape, dtype and strides, values from `dist` (STRUCTURED: normal values,
+    then rows of ROW_KINDS)."""
+    out = _make_tensor(spec, dist, gen, device)
+    if dist == STRUCTURED and out.numel():
+        if spec.contiguous:
+            _structure(out, spec, gen)
+        else:
+            logical = out.contiguous()
+            _structure(logical, spec, gen)
+            try:
+                out.copy_(logical)
+            except RuntimeError:  # overlapping layout (a stride of 0): the drawn normal values stay
+                pass
+    return out
+
+
+def _make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torch.device | str) -> torch.Tensor:
     dtype = spec.torch_dtype
     n = _storage_numel(spec)
     device = torch.device(device)

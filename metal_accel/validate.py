@@ -19,7 +19,8 @@ import torch
 
 from .compare import Mismatch, compare_output
 from .specs import InputSpec
-from .testdata import DISTRIBUTIONS, SPECIAL, make_inputs
+from .testdata import DISTRIBUTIONS, ROW_KINDS, SPECIAL, STRUCTURED, make_inputs
+from .trial_buffers import input_copies, input_violation, next_fill, proof_call
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,18 @@ TrialPlan = Sequence[tuple[InputSpec, str]]  # (input spec, distribution) per tr
 RunTrials = Callable[[list[Trial]], list[dict[str, Any]] | str]  # the candidate's results, or why it could not run
 
 
-def trial_plan(spec: InputSpec, dists: Sequence[str] = (*DISTRIBUTIONS, SPECIAL)) -> list[tuple[InputSpec, str]]:
-    return [(spec, d) for d in dists]
+def default_dists(spec: InputSpec) -> tuple[str, ...]:
+    """The random distributions, special values and structured rows: two structured trials where the first
+    tensor has fewer rows than there are ROW_KINDS, so more kinds meet the candidate."""
+    tensors = spec.tensor_specs()
+    shape = tensors[0].shape if tensors else ()
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    return (*DISTRIBUTIONS, SPECIAL, STRUCTURED) + ((STRUCTURED,) if rows < len(ROW_KINDS) else ())
+
+
+def trial_plan(spec: InputSpec, dists: Sequence[str] | None = None) -> list[tuple[InputSpec, str]]:
+    """(SPEC, distribution) per trial: DISTS, or default_dists(SPEC)."""
+    return [(spec, d) for d in (default_dists(spec) if dists is None else dists)]
 
 
 def spec_bytes(spec: InputSpec) -> int:
@@ -77,10 +88,10 @@ def new_trial(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.de
 
 
 def make_trials(spec: InputSpec, device: torch.device | str, seed: int | None = None,
-                dists: Sequence[str] = (*DISTRIBUTIONS, SPECIAL)) -> list[Trial]:
-    """Fresh inputs per distribution, from a secret seed unless one is given."""
+                dists: Sequence[str] | None = None) -> list[Trial]:
+    """Fresh inputs per distribution (default_dists unless given), from a secret seed unless one is given."""
     gen = torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
-    return [new_trial(spec, dist, gen, device) for dist in dists]
+    return [new_trial(spec, dist, gen, device) for dist in (default_dists(spec) if dists is None else dists)]
 
 
 def trial_batches(plan: TrialPlan, device: torch.device | str, *, copies: bool, max_bytes: int,
@@ -114,23 +125,41 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
               repeat: bool = False, sync: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Call the candidate once (twice with `repeat`) and report what it did, in plain data.
 
-    Checked here, next to the candidate: inputs and state bit-identical after the call, outputs
-    are fresh tensors that alias nothing, and a repeated call gives bit-identical outputs.
+    Checked here, next to the candidate, after every call: no byte written outside any buffer the host
+    code allocated or outside an input (each is fenced by guard regions, trial_buffers.py), inputs and
+    state bit-identical, outputs fresh tensors that alias nothing; a repeated call gives bit-identical
+    outputs. The candidate gets fenced copies of ARGS and KWARGS (the originals are the reference for
+    "unchanged"), and its allocations get this call's fill (next_fill: plain, noise or leftover); the
+    repeat always gets fresh noise, so an element left unwritten differs between the two calls.
     """
+    gen = torch.Generator().manual_seed(secrets.randbits(62))
+    originals = tensors_of(args, kwargs)
+    args = tuple(input_copies(args, gen))
+    kwargs = dict(zip(kwargs, input_copies(list(kwargs.values()), gen)))
     inputs = tensors_of(args, kwargs)
-    before = [_bits(t).clone() for t in inputs]
     state_before = [_bits(t).clone() for t in state]
+    sources = [*inputs, *state]
+
+    def call(fill: str) -> tuple[tuple, str]:
+        with proof_call(fill, sources) as bufs:
+            outs = _as_tuple(candidate(*args, **kwargs))
+            sync()
+        tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        return outs, (bufs.violations(tensors) or input_violation(inputs, "input")
+                      or input_violation(list(state), "parameter/buffer"))
+
+    def changed() -> tuple[list[int], list[int]]:
+        return ([i for i, (b, t) in enumerate(zip(originals, inputs)) if not torch.equal(_bits(b), _bits(t))],
+                [i for i, (b, t) in enumerate(zip(state_before, state)) if not torch.equal(b, _bits(t))])
     try:
-        outs = _as_tuple(candidate(*args, **kwargs))
-        sync()
+        outs, oob = call(next_fill())
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
-    result: dict[str, Any] = {"error": ""}
+    result: dict[str, Any] = {"error": "", "out_of_bounds": oob}
     bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
     if bad:
         return {"error": f"forward returned {', '.join(bad)} where tensors were expected"}
-    result["inputs_changed"] = [i for i, (b, t) in enumerate(zip(before, inputs)) if not torch.equal(b, _bits(t))]
-    result["state_changed"] = [i for i, (b, t) in enumerate(zip(state_before, state)) if not torch.equal(b, _bits(t))]
+    result["inputs_changed"], result["state_changed"] = changed()
     protected = {t.untyped_storage().data_ptr() for t in (*inputs, *state) if t.numel()}
     seen: set[int] = set()
     result["alias"] = ""
@@ -143,20 +172,20 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
         if p is not None:
             seen.add(p)
     result["repeat_equal"] = True
-    if repeat:
+    if repeat and not (oob or result["inputs_changed"] or result["state_changed"]):
         try:
-            again = _as_tuple(candidate(*args, **kwargs))
-            sync()
-            result["repeat_equal"] = len(again) == len(outs) and all(
-                isinstance(a, torch.Tensor) and a.shape == o.shape and a.dtype == o.dtype
-                and torch.equal(_bits(a), _bits(o)) for a, o in zip(again, outs))
+            again, oob = call("noise")
         except Exception as exc:
             return {"error": f"second call raised {type(exc).__name__}: {exc}"}
+        result["out_of_bounds"] = oob
+        result["inputs_changed"], result["state_changed"] = changed()
+        result["repeat_equal"] = len(again) == len(outs) and all(
+            isinstance(a, torch.Tensor) and a.shape == o.shape and a.dtype == o.dtype
+            and torch.equal(_bits(a), _bits(o)) for a, o in zip(again, outs))
     result["devices"] = [str(o.device) for o in outs]
     result["strides"] = [list(o.stride()) for o in outs]
     result["outputs"] = [o.detach() for o in outs]
     return result
-
 
 
 def _passes(out: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -213,6 +242,8 @@ class Judge:
         return None
 
     def _check(self, trial: Trial, res: dict[str, Any], label: str) -> None:
+        if res.get("out_of_bounds"):
+            raise Mismatch(res["out_of_bounds"])
         if res["inputs_changed"]:
             raise Mismatch(f"input {res['inputs_changed'][0]} was modified by the candidate")
         if res["state_changed"]:
@@ -235,7 +266,9 @@ class Judge:
         if not res["repeat_equal"]:
             ref_again = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
             if all(torch.equal(_bits(a), _bits(b)) for a, b in zip(refs, ref_again)):
-                raise Mismatch("two calls on the same inputs gave different outputs (eager is deterministic)")
+                raise Mismatch("two calls on the same inputs gave different outputs (eager is deterministic; the "
+                               "output buffers held other values before each call, so an element left unwritten "
+                               "shows this way)")
         if trial.dist != SPECIAL:
             self.strong += 1
             trivial = trivial_outputs(trial, refs)
@@ -336,7 +369,7 @@ def validate(reference: Forward, candidate: Forward, spec: InputSpec, *, device:
              state: Iterable[torch.Tensor] = (), reference64: Forward | None = None,
              dists: Sequence[str] | None = None, seed: int | None = None) -> ValidationResult:
     """Validate a trusted, in-process candidate (isolated candidates go through worker.py)."""
-    trials = make_trials(spec, device, seed, dists) if dists is not None else make_trials(spec, device, seed)
+    trials = make_trials(spec, device, seed, dists)
     state = list(state)
     results = [run_trial(candidate, t.args, t.kwargs, state, repeat=(i == 0)) for i, t in enumerate(trials)]
     return judge(trials, results, reference, reference64)

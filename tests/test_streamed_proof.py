@@ -23,9 +23,10 @@ SPEC = InputSpec.of((torch.randn(32, 32),))  # 4 KiB a trial
 def test_batches_hold_at_most_max_bytes_and_one_trial_at_least():
     assert spec_bytes(SPEC) == 32 * 32 * 4
     plan = trial_plan(SPEC)
-    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=2 * 4096 + 100)] == [2, 2, 2]
-    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=1)] == [1] * 6
-    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=1 << 30)] == [6]
+    assert len(plan) == 7  # five distributions, special values, structured rows (32 rows: every row kind)
+    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=2 * 4096 + 100)] == [2, 2, 2, 1]
+    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=1)] == [1] * 7
+    assert [len(b) for b in trial_batches(plan, "cpu", copies=True, max_bytes=1 << 30)] == [7]
     assert [t.dist for b in trial_batches(plan, "cpu", copies=True, max_bytes=1) for t in b] == [d for _, d in plan]
 
 
@@ -51,8 +52,8 @@ def test_each_batch_is_freed_before_the_next_is_made():
     with torch.inference_mode():
         result = streamed_proof(trial_plan(SPEC), torch.device("cpu"), run, module, module.forward, [], copies=False,
                                 max_bytes=1)
-    assert result.ok and result.trials == 6, result
-    assert calls == [0] * 6
+    assert result.ok and result.trials == 7, result
+    assert calls == [0] * 7
 
 
 def test_a_wrong_candidate_stops_at_its_first_batch():
