@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import random
+import secrets
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -87,17 +89,44 @@ def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[
 Check = Callable[[Any, Any, str, int], Any]
 
 
+class _Rotation:
+    """Which input set each pair runs on and which pairs are spot-checked, both unpredictable (secret
+    seed): sets in a fresh random order every len(sets) pairs, so each is used as often as the others;
+    each pair checked with probability 1/check_every; sets not yet checked when the measurement would
+    end get extra pairs, checked, so every set is checked at least once per measurement."""
+
+    def __init__(self, n_sets: int, check_every: int) -> None:
+        self.rng = random.Random(secrets.randbits(64))
+        self.n, self.p = n_sets, 1 / max(1, check_every)
+        self.order: list[int] = []
+        self.unchecked = set(range(n_sets))
+
+    def next(self, finishing: bool) -> tuple[int, bool]:
+        """(set index, checked?) of the next pair; FINISHING: the measurement is over but for unchecked sets."""
+        if finishing:
+            return min(self.unchecked), True
+        if not self.order:
+            self.order = self.rng.sample(range(self.n), self.n)
+        return self.order.pop(), self.rng.random() < self.p
+
+
 def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
                   sync: Callable[[], None], timer: Timer, min_reps: int, max_reps: int, budget_s: float,
                   check: Check | None, check_every: int, flush: Callable[[], None] | None,
                   ) -> tuple[list[float], list[float], int, int, bool]:
-    """Interleaved (eager, kernel) times: (eager times, kernel times, pairs, refused samples, unreliable)."""
+    """Interleaved (eager, kernel) times: (eager times, kernel times, pairs, refused samples, unreliable).
+    With CHECK, pairs at random are checked and every input set at least once (_Rotation)."""
     e_times: list[float] = []
     k_times: list[float] = []
     start = time.perf_counter()
     rep = rejected = 0
-    while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
-        args, kwargs = input_sets[rep % len(input_sets)]
+    rotation = _Rotation(len(input_sets), check_every)
+    while True:
+        finishing = rep >= max_reps or (rep >= min_reps and time.perf_counter() - start >= budget_s)
+        if finishing and (check is None or not rotation.unchecked):
+            break
+        which, checked = rotation.next(finishing)
+        args, kwargs = input_sets[which]
         order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)
         outs, pair = {}, {}
         for fn in order:
@@ -114,8 +143,9 @@ def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             k_times.append(pair[kernel])
         if rejected > MAX_REJECTED_FRACTION * 2 * max(rep + 1, min_reps):
             return e_times, k_times, rep, rejected, True
-        if check is not None and rep % check_every == 0 and len(outs) == 2:
-            check(outs[kernel], outs[eager], f"timed call {rep}", rep % len(input_sets))
+        if check is not None and checked and len(outs) == 2:
+            check(outs[kernel], outs[eager], f"timed call {rep}", which)
+            rotation.unchecked.discard(which)
         rep += 1
     return e_times, k_times, rep, rejected, False
 
@@ -132,9 +162,9 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     the typical pair: the distribution-free lower confidence bound of the median per-pair ratio
     (eager time / kernel time of the same pair) is above 1. (A rule of winning three quarters of the
     pairs, used before, rejected clear wins of short calls on a noisy 2-core machine: 1.38x median,
-    500 pairs.) With `check`,
-    every `check_every`-th pair's outputs are compared outside the timed region, so a kernel
-    cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
+    500 pairs.) With `check`, about one pair in `check_every`, chosen at random, has its outputs
+    compared outside the timed region, and every input set at least once per measurement, so a
+    kernel cannot be correct while validated and something else while timed. `flush` (e.g. an L2 or
     cache flush) runs before every timed call, outside the timing. `timer(fn, args, kwargs, sync)`
     replaces the wall-clock `time_call` (the CUDA backend's checks CUDA events against the wall
     clock); a sample it raises TimingRejected for is taken again, and when more than a quarter of
