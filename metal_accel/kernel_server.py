@@ -41,7 +41,8 @@ from .backends.mps_emu import EmuKernel
 from .backends.msl_signature import MslKernel, MslParam
 from .errors import CompileError, MetalAccelError
 from . import confine
-from .kernel_server_main import HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, cpu_call_format, emu_call_format
+from .kernel_server_main import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
+                                 emu_call_format)
 
 START_TIMEOUT_S = 120.0   # interpreter + torch import + confinement, on a busy machine
 LOAD_TIMEOUT_S = 120.0
@@ -86,14 +87,15 @@ class _Process:
         env = {**confine.scrubbed_environment(Path(self.scratch)), "METAL_ACCEL_BUILD_DIR": build_dir,
                "METAL_ACCEL_USER_CACHE": os.path.join(self.scratch, "user-cache"), "METAL_ACCEL_DISABLE": "1",
                "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as many threads as the kernel gets in-process
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock = mine
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.fd_sock, their_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # arena descriptors
         self.head = bytearray(HEAD.size)
         self.proc = subprocess.Popen(
             [sys.executable, confine.__file__, "-m", "metal_accel.kernel_server_main", str(theirs.fileno()),
-             str(self.pid), self.scratch], pass_fds=(theirs.fileno(),), env=env, cwd=self.scratch,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             str(their_fds.fileno()), str(self.pid), self.scratch], pass_fds=(theirs.fileno(), their_fds.fileno()),
+            env=env, cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
+        their_fds.close()
         self.arena: mmap.mmap | None = None
         self.arena_view: Any = None
         self.base = self.capacity = 0
@@ -120,17 +122,14 @@ class _Process:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
+        self.fd_sock.close()
         self.arena_view = None
         if self.arena is not None:
             self.arena.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def send(self, op: int, lib: int, kernel: int, payload: bytes = b"", fd: int | None = None) -> None:
-        frame = HEAD.pack(len(payload), op, lib, kernel) + payload
-        if fd is None:
-            self.sock.sendall(frame)
-        else:
-            socket.send_fds(self.sock, [frame], [fd])
+    def send(self, op: int, lib: int, kernel: int, payload: bytes = b"") -> None:
+        self.sock.sendall(HEAD.pack(len(payload), op, lib, kernel) + payload)
 
     def receive(self, limit: float, what: str) -> tuple[int, bytes]:
         """The server's reply: (status, payload); KernelServerError if it died or outlived LIMIT."""
@@ -173,7 +172,8 @@ class _Process:
             fd = _anonymous_fd(capacity, self.scratch)
             try:
                 arena = mmap.mmap(fd, capacity)
-                self.send(OP_ARENA, 0, 0, capacity.to_bytes(8, "little"), fd)
+                socket.send_fds(self.fd_sock, [b"a"], [fd])
+                self.send(OP_ARENA, 0, 0, capacity.to_bytes(8, "little"))
             finally:
                 os.close(fd)
             self.arena_view = None
@@ -222,9 +222,14 @@ atexit.register(stop_server)
 Buffer = tuple[int, int, bool]  # address, bytes, whether the kernel may write it (copied back)
 
 
-def _layout(buffers: list[Buffer]) -> tuple[list[tuple[int, int, int]], list[int], int]:
+Plan = tuple[list[tuple[int, int, int]], list[int], int, list[tuple[int, int, int]]]
+_plans: dict[tuple[Buffer, ...], Plan] = {}  # the same tensors come back call after call: their layout is kept
+
+
+def _layout(buffers: tuple[Buffer, ...]) -> Plan:
     """Where BUFFERS go in the arena: regions (address, bytes, arena offset) covering overlapping buffers
-    once, each buffer's arena offset, and the bytes needed. A region keeps its address modulo ALIGN."""
+    once, each buffer's arena offset, the bytes needed, and what to copy back (address, arena offset,
+    bytes) for the writable ones. A region keeps its address modulo ALIGN."""
     order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
     groups: list[list[Any]] = []  # [start, end, member indices]
     for i in order:
@@ -239,11 +244,13 @@ def _layout(buffers: list[Buffer]) -> tuple[list[tuple[int, int, int]], list[int
     for start, end, members in groups:
         skew = start % ALIGN
         off = -(-(pos - skew) // ALIGN) * ALIGN + skew
-        regions.append((start, end - start, off))
+        if end > start:
+            regions.append((start, end - start, off))
         for i in members:
             offsets[i] = off + buffers[i][0] - start
         pos = off + end - start
-    return regions, offsets, pos
+    writes = [(address, offsets[i], size) for i, (address, size, writable) in enumerate(buffers) if writable and size]
+    return regions, offsets, pos, writes
 
 
 def _emu_writable(p: MslParam | None) -> bool:
@@ -313,17 +320,22 @@ class RemoteLibrary(BoundKernels):
 
     # ------------------------------------------------------------ calling
 
-    def _run(self, index: int, name: str, buffers: list[Buffer], pack: Callable[[list[int]], bytes]) -> str:
-        """One call of kernel INDEX on BUFFERS; '' or the error the kernel reported. Caller holds _lock."""
-        regions, offsets, need = _layout(buffers)
+    def _run(self, name: str, buffers: tuple[Buffer, ...], frame: Callable[[list[int]], bytes]) -> str:
+        """One call on BUFFERS, FRAME(arena offsets) being its request; '' or the error the kernel reported.
+        The caller holds _lock."""
+        plan = _plans.get(buffers)
+        if plan is None:
+            if len(_plans) > 256:
+                _plans.clear()
+            plan = _plans[buffers] = _layout(buffers)
+        regions, offsets, need, writes = plan
         for attempt in range(2):
             server = self._server()
             base = server.reserve(need)
             for address, size, off in regions:
-                if size:
-                    ctypes.memmove(base + off, address, size)
+                ctypes.memmove(base + off, address, size)
             try:
-                server.send(OP_CALL, self._id, index, pack(offsets))
+                server.sock.sendall(frame(offsets))
                 break
             except OSError:  # the server was already gone (not this kernel's doing): a fresh one, once
                 if attempt:
@@ -332,33 +344,35 @@ class RemoteLibrary(BoundKernels):
         limit = self.time_limit_s or max(MIN_CALL_LIMIT_S, SLOW_FACTOR * self._slowest)
         t0 = time.perf_counter()
         status, payload = server.receive(limit, f"kernel {name}")
-        self._slowest = max(self._slowest, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        if elapsed > self._slowest:
+            self._slowest = elapsed
         if status == KERNEL_ERROR:
             return payload.decode(errors="replace")
         if status != OK:
             raise KernelServerError(f"kernel {name} failed in the kernel server: {payload.decode(errors='replace')}")
-        for i, (address, size, writable) in enumerate(buffers):
-            if writable and size:
-                ctypes.memmove(address, base + offsets[i], size)
+        for address, off, size in writes:
+            ctypes.memmove(address, base + off, size)
         return ""
 
     def _cpu_kernel(self, name: str, index: int, params: list[Any]) -> Callable[..., None]:
         """The kernel NAME bound by the CPU backend's own binder (its checks, its messages), sent to the server."""
-        fmt = cpu_call_format(params)
+        fmt = call_frame(cpu_call_format(params))
         pointers = [i for i, p in enumerate(params) if p.is_pointer]
-        writable = {i: not params[i].is_const for i in pointers}
+        writable = [not params[i].is_const for i in pointers]
+        head = (fmt.size - HEAD.size, OP_CALL, self._id, index)
         current: list[tuple[Any, ...]] = [()]
 
         def forward(*values: Any) -> None:  # the converted arguments: pointers are the tensors' addresses
             args = current[0]
-            buffers = [(values[i], args[i].numel() * args[i].element_size(), writable[i]) for i in pointers]
+            buffers = tuple([(values[i], args[i].nbytes, w) for i, w in zip(pointers, writable)])
 
-            def pack(offsets: list[int]) -> bytes:
+            def frame(offsets: list[int]) -> bytes:
                 out = list(values)
-                for j, i in enumerate(pointers):
-                    out[i] = offsets[j]
-                return fmt.pack(*out)
-            self._run(index, name, buffers, pack)
+                for i, off in zip(pointers, offsets):
+                    out[i] = off
+                return fmt.pack(*head, *out)
+            self._run(name, buffers, frame)
 
         launch = _bind(name, forward, params)
 
@@ -382,7 +396,7 @@ class _RemoteEmuKernel(EmuKernel):
         super().__init__(k, forward)
         self._library, self._index = library, index
         self._writable = [_emu_writable(p) for p in self._slots]
-        self._format = emu_call_format(self._nargs)
+        self._format = call_frame(emu_call_format(self._nargs))
         self._args: tuple[Any, ...] = ()
         self._bufs: dict[int, Any] = {}
 
@@ -400,7 +414,7 @@ class _RemoteEmuKernel(EmuKernel):
                 self._args, self._bufs = (), {}
 
     def _forward(self, ptrs: Any, dims: Any, err: Any, size: int) -> int:
-        buffers: list[Buffer] = []
+        buffers = []
         for i, a in enumerate(self._args):
             if isinstance(a, torch.Tensor):  # bound from its storage offset to the storage's end, as compile_shader does
                 nbytes = a.untyped_storage().nbytes() - a.storage_offset() * a.element_size()
@@ -408,9 +422,9 @@ class _RemoteEmuKernel(EmuKernel):
             else:
                 buf = self._bufs[i]
                 buffers.append((ctypes.addressof(buf), ctypes.sizeof(buf), False))
+        head = (self._format.size - HEAD.size, OP_CALL, self._library._id, self._index)
         grid = list(dims)
-        error = self._library._run(self._index, self._k.name, buffers,
-                                   lambda offsets: self._format.pack(*offsets, *grid))
+        error = self._library._run(self._k.name, tuple(buffers), lambda offsets: self._format.pack(*head, *offsets, *grid))
         if error:
             err.value = error.encode()[:size - 1]
             return 1

@@ -1,8 +1,9 @@
 """The kernel server's own end: a sandboxed process that loads untrusted native kernels and runs their calls.
 
-    python metal_accel/confine.py -m metal_accel.kernel_server_main FD PARENT_PID SCRATCH
+    python metal_accel/confine.py -m metal_accel.kernel_server_main FD FD_CHANNEL PARENT_PID SCRATCH
 
-It talks over the Unix socket FD (kernel_server.py is the other end), dies with its parent
+It talks over the Unix socket FD (kernel_server.py is the other end; arenas' descriptors come over
+FD_CHANNEL), dies with its parent
 (PR_SET_PDEATHSIG), and confines itself (confine.py: scrubbed environment, no network, no exec, no
 writes outside SCRATCH, the build directory read-only) before it loads any kernel. It only loads
 artifacts the caller built and the binary check passed; it never compiles. Kernels see tensors in a
@@ -21,7 +22,6 @@ import signal
 import socket
 import struct
 import sys
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,6 +49,11 @@ def emu_call_format(nbuffers: int) -> struct.Struct:
     return struct.Struct(f"<{nbuffers}Q6Q")
 
 
+def call_frame(payload: struct.Struct) -> struct.Struct:
+    """A whole call request: HEAD's fields, then PAYLOAD's."""
+    return struct.Struct(HEAD.format + payload.format.lstrip("<"))
+
+
 def prepare() -> None:
     """What must happen before confinement, for every native backend here: imports, the compiler's identity
     and the toolchain baseline (they run the compiler, which the sandbox forbids)."""
@@ -66,18 +71,18 @@ class _FpGuard:
         self._saved = ctypes.create_string_buffer(64)
         self._now = ctypes.create_string_buffer(64)
         self._libm.fegetenv(self._saved)
-        self._control = self._control_of(self._saved)
-
-    @staticmethod
-    def _control_of(env: Any) -> bytes:
-        raw = env.raw
-        if sys.platform.startswith("linux") and os.uname().machine == "x86_64":  # glibc fenv_t: x87 cw ... mxcsr
-            return raw[0:2] + (int.from_bytes(raw[28:32], "little") & ~0x3F).to_bytes(4, "little")
-        return raw[0:4]  # aarch64 glibc and macOS: the control register comes first
+        x86 = sys.platform.startswith("linux") and os.uname().machine == "x86_64"
+        # glibc x86-64 fenv_t: x87 control word at 0, MXCSR at 28 (its low 6 bits are sticky flags);
+        # aarch64 glibc and macOS: the control register first
+        self._fields = [(ctypes.c_uint16.from_buffer(self._now, 0), 0xFFFF),
+                        (ctypes.c_uint32.from_buffer(self._now, 28), ~0x3F)] if x86 else \
+            [(ctypes.c_uint32.from_buffer(self._now, 0), 0xFFFFFFFF)]
+        self._libm.fegetenv(self._now)
+        self._control = [f.value & mask for f, mask in self._fields]
 
     def changed(self) -> bool:
         self._libm.fegetenv(self._now)
-        if self._control_of(self._now) == self._control:
+        if [f.value & mask for f, mask in self._fields] == self._control:
             return False
         self._libm.fesetenv(self._saved)
         return True
@@ -98,7 +103,7 @@ class _Library:
         lib = get_backend(backend_name).compile(source)  # loads the artifact the parent's side built
         self.names = list(lib.kernel_names)
         self.emu: list[dict[str, Any]] = []
-        self.calls: list[Callable[[memoryview, int], str]] = []
+        self.calls: list[Call] = []
         if backend_name == "mps-emu":
             for name in self.names:
                 kernel = getattr(lib, name)
@@ -109,12 +114,15 @@ class _Library:
                 self.calls.append(_cpu_call(getattr(lib._dll, name), lib.signatures[name]))  # argtypes set by _bind
 
 
-def _cpu_call(fn: Any, params: list[Any]) -> Callable[[memoryview, int], str]:
+Call = Callable[[bytearray, int, int], str]  # (receive buffer, payload offset, arena base) -> error or ''
+
+
+def _cpu_call(fn: Any, params: list[Any]) -> Call:
     fmt = cpu_call_format(params)
     pointers = [i for i, p in enumerate(params) if p.is_pointer]
 
-    def call(payload: memoryview, base: int) -> str:
-        values = list(fmt.unpack(payload))
+    def call(buf: bytearray, at: int, base: int) -> str:
+        values = list(fmt.unpack_from(buf, at))
         for i in pointers:
             values[i] += base
         fn(*values)
@@ -122,14 +130,14 @@ def _cpu_call(fn: Any, params: list[Any]) -> Callable[[memoryview, int], str]:
     return call
 
 
-def _emu_call(fn: Any, nargs: int) -> Callable[[memoryview, int], str]:
+def _emu_call(fn: Any, nargs: int) -> Call:
     fmt = emu_call_format(nargs)
     ptrs = (ctypes.c_void_p * max(1, nargs))()
     dims = (ctypes.c_uint64 * 6)()
     err = ctypes.create_string_buffer(512)
 
-    def call(payload: memoryview, base: int) -> str:
-        values = fmt.unpack(payload)
+    def call(buf: bytearray, at: int, base: int) -> str:
+        values = fmt.unpack_from(buf, at)
         for i in range(nargs):
             ptrs[i] = base + values[i]
         dims[:] = values[nargs:]
@@ -140,22 +148,20 @@ def _emu_call(fn: Any, nargs: int) -> Callable[[memoryview, int], str]:
 
 
 class _Server:
-    def __init__(self, sock: socket.socket, fp: _FpGuard) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, fd_sock: socket.socket, fp: _FpGuard) -> None:
+        self.sock, self.fd_sock, self.fp = sock, fd_sock, fp
         self.libs: dict[int, _Library] = {}
         self.arena: Any = None
         self.base = 0
-        self.fds: deque[int] = deque()
-        self.fp = fp
 
     def reply(self, status: int, lib: int = 0, payload: bytes = b"") -> None:
         self.sock.sendall(HEAD.pack(len(payload), status, lib, 0) + payload)
 
     def map_arena(self, size: int) -> None:
         import mmap
-        fd = self.fds.popleft()
-        arena = mmap.mmap(fd, size)
-        os.close(fd)
+        _, fds, _, _ = socket.recv_fds(self.fd_sock, 16, 1)  # the client sent it before this frame
+        arena = mmap.mmap(fds[0], size)
+        os.close(fds[0])
         self.arena, self.base = arena, ctypes.addressof(ctypes.c_char.from_buffer(arena))
 
     def load(self, lib_id: int, payload: bytes) -> None:
@@ -167,9 +173,9 @@ class _Server:
             return
         self.reply(OK, lib_id, json.dumps({"kernels": lib.names, "emu": lib.emu}).encode())
 
-    def call(self, lib_id: int, kernel: int, payload: memoryview) -> None:
+    def call(self, lib_id: int, kernel: int, buf: bytearray, at: int) -> None:
         try:
-            error = self.libs[lib_id].calls[kernel](payload, self.base)
+            error = self.libs[lib_id].calls[kernel](buf, at, self.base)
         except Exception as exc:
             self.reply(FAILED, lib_id, f"{type(exc).__name__}: {exc}"[:ERROR_BYTES].encode())
             return
@@ -179,46 +185,51 @@ class _Server:
         elif error:
             self.reply(KERNEL_ERROR, lib_id, error[:ERROR_BYTES].encode())
         else:
-            self.reply(OK, lib_id)
+            self.sock.sendall(_DONE)
 
     def serve(self) -> None:
-        buf = bytearray()
+        buf = bytearray(1 << 16)
+        have = 0
         while True:
-            data, ancillary, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 16))
-            if not data:
+            got = self.sock.recv_into(memoryview(buf)[have:])
+            if not got:
                 return  # the client closed the connection: done
-            for level, kind, fds in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    self.fds.extend(struct.unpack(f"{len(fds) // 4}i", fds[:len(fds) - len(fds) % 4]))
-            buf += data
-            while len(buf) >= HEAD.size:
-                size, op, lib_id, kernel = HEAD.unpack_from(buf)
-                end = HEAD.size + size
-                if len(buf) < end:
+            have += got
+            pos = 0
+            while have - pos >= HEAD.size:
+                size, op, lib_id, kernel = HEAD.unpack_from(buf, pos)
+                end = pos + HEAD.size + size
+                if end > len(buf):  # a frame larger than the buffer (a long source): make room
+                    buf[len(buf):] = bytes(end - len(buf))
+                if end > have:
                     break
-                payload = memoryview(buf)[HEAD.size:end]
                 if op == OP_CALL:
-                    self.call(lib_id, kernel, payload)
+                    self.call(lib_id, kernel, buf, pos + HEAD.size)
                 elif op == OP_ARENA:
-                    self.map_arena(struct.unpack("<Q", payload)[0])
+                    self.map_arena(struct.unpack_from("<Q", buf, pos + HEAD.size)[0])
                 elif op == OP_LOAD:
-                    self.load(lib_id, bytes(payload))
-                payload.release()
-                del buf[:end]
+                    self.load(lib_id, bytes(buf[pos + HEAD.size:end]))
+                pos = end
+            if pos:
+                buf[:have - pos] = buf[pos:have]
+                have -= pos
 
 
-def serve(fd: int, parent_pid: int, scratch: str) -> None:
+_DONE = HEAD.pack(0, OK, 0, 0)
+
+
+def serve(fd: int, fd_channel: int, parent_pid: int, scratch: str) -> None:
     """Prepare, confine (before any kernel loads), say hello with the layers applied, then serve calls."""
     _die_with_parent(parent_pid)
-    sock = socket.socket(fileno=fd)
+    sock, fd_sock = socket.socket(fileno=fd), socket.socket(fileno=fd_channel)
     prepare()
     fp = _FpGuard()
     netns = os.environ.pop("METAL_ACCEL_NETNS", "netns: not tried (not started through confine.py)")
     layers = [netns, *confine.apply(Path(scratch), read_only=[config.build_dir()])]
     hello = json.dumps({"layers": layers}).encode()
     sock.sendall(HEAD.pack(len(hello), OK, 0, 0) + hello)
-    _Server(sock, fp).serve()
+    _Server(sock, fd_sock, fp).serve()
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
