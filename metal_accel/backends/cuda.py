@@ -32,8 +32,8 @@ from ..bench import TimingRejected
 from ..errors import BackendUnavailableError, CompileError, KernelLaunchError
 from .base import BoundKernels, Environment, os_description, torch_major_minor
 from . import cuda_nvrtc  # noqa: F401  (tests patch it through this module)
-from .cuda_nvrtc import (_bindings, _check, _header_digest, cache_key, nvrtc_available, nvrtc_compile,  # noqa: F401
-                         nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
+from .cuda_nvrtc import (_bindings, _check, _header_digest, cache_key, check_device_state,  # noqa: F401
+                         nvrtc_available, nvrtc_compile, nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
 from .cuda_signature import ArgBinder, CudaParam, cooperative_dims, launch_dims, parse_cuda_kernels
 
 LOCK_TIMEOUT_S = 600
@@ -330,9 +330,13 @@ class CudaBackend:
             directory.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
                 if not path.exists():
-                    _write_atomic(path, nvrtc_compile(source, arch, options, cubin))
+                    code = nvrtc_compile(source, arch, options, cubin)
+                    check_device_state(code, cubin)
+                    _write_atomic(path, code)
                     compiled_now = True
-        lib = _libraries[str(path)] = CudaLibrary(path.read_bytes(), signatures, path, compiled_now)
+        code = path.read_bytes()
+        check_device_state(code, cubin)  # a cached module is checked again before it is loaded
+        lib = _libraries[str(path)] = CudaLibrary(code, signatures, path, compiled_now)
         return lib
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
 from .. import config
+from ..binary_check import BinaryCheckError
 from ..errors import CompileError, KernelLaunchError
 
 MAX_DIAGNOSTICS = 4000
@@ -134,3 +140,31 @@ def nvrtc_compile(source: str, arch: str, options: list[str], cubin: bool) -> by
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+
+
+_PTX_GLOBAL_VAR = re.compile(r"^[ \t]*(?:\.(?:visible|extern|weak|common)[ \t]+)*\.global[ \t]+[^\n;]*?([\w$]+)"
+                             r"[ \t]*(?:\[[^\n;]*\])?[ \t]*(?:=[^;]*)?;", re.M)
+
+
+def device_state(code: bytes, cubin: bool) -> str | None:
+    """Why a compiled CUDA module could keep state between launches (a module-scope variable in the global
+    state space: `.global` in PTX, a .nv.global* section in a cubin), or None. Constant and shared memory
+    are not state a kernel can keep: the first is read-only on the device, the second lives per block."""
+    if not cubin:
+        m = _PTX_GLOBAL_VAR.search(code.decode(errors="replace"))
+        return None if m is None else f"the PTX declares the device global variable {m.group(1)}"
+    try:
+        elf = ELFFile(io.BytesIO(code))
+        for sec in elf.iter_sections():
+            if sec.name.startswith(".nv.global"):
+                return f"the cubin holds section {sec.name} ({sec['sh_size']} bytes of device global variables)"
+    except ELFError as e:
+        return f"the cubin is not a readable ELF file ({e})"
+    return None
+
+
+def check_device_state(code: bytes, cubin: bool) -> None:
+    """Raise BinaryCheckError if the compiled module could keep state between launches."""
+    why = device_state(code, cubin)
+    if why:
+        raise BinaryCheckError(f"{why}, where a kernel could keep state between calls; kernels must be stateless")
