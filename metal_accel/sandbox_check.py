@@ -3,12 +3,14 @@
 Host code (the `forward` of a candidate) comes from LLMs and downloaded caches, so it is
 untrusted. `check_host_code` raises SandboxError(construct, lineno, detail) for anything outside a
 small whitelist of Python (the tables in `sandbox_rules`); it runs on arrival and on every cache load.
+In-place updates are allowed only on tensors the function made itself (sandbox_inplace.py).
 """
 from __future__ import annotations
 
 import ast
 
 from .errors import SandboxError
+from .sandbox_inplace import Freshness, check_call, check_store
 from .sandbox_rules import (
     BUILTINS_ALLOWED,
     FORBIDDEN_NAMES,
@@ -75,6 +77,7 @@ class _Checker:
         self.functions: set[str] = set()
         self.locals: set[str] = set()
         self.has_module = False
+        self.fresh: Freshness | None = None
 
     # -- top level ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -143,6 +146,7 @@ class _Checker:
                     raise SandboxError("rebinding", node.lineno, "module may not be rebound")
                 self._check_binding(node.id, node.lineno)
                 self.locals.add(node.id)
+        self.fresh = Freshness(fn, set(params), self.constants)
         for stmt in fn.body:
             self._stmt(stmt)
 
@@ -166,6 +170,8 @@ class _Checker:
             self._expr(node.value)
         elif isinstance(node, ast.AugAssign):
             self._target(node.target)
+            assert self.fresh is not None
+            check_store(self.fresh, node.target, augmented=True)
             self._expr(node.value)
         elif isinstance(node, ast.AnnAssign):
             if not isinstance(node.target, ast.Name):
@@ -210,6 +216,8 @@ class _Checker:
         elif isinstance(node, ast.Subscript) and not names_only:
             self._expr(node.value)
             self._expr(node.slice)
+            assert self.fresh is not None
+            check_store(self.fresh, node, augmented=False)
         elif isinstance(node, ast.Attribute):
             raise SandboxError("attribute assignment", node.lineno, f".{node.attr} may not be assigned")
         else:
@@ -337,6 +345,8 @@ class _Checker:
             if kw.arg is None:
                 raise SandboxError("**kwargs", kw.value.lineno, "keyword unpacking in a call")
             self._expr(kw.value)
+        assert self.fresh is not None
+        check_call(self.fresh, node)
 
 
 def check_host_code(code: str) -> None:

@@ -32,12 +32,14 @@ MATH_ALLOWED: frozenset[str] = frozenset(
     f"math.{n}" for n in ("sqrt", "exp", "log", "log2", "ceil", "floor", "prod", "gcd", "isqrt",
                           "pi", "e", "inf", "tanh", "erf", "cos", "sin", "pow"))
 
+# no new_empty/new_zeros/...: allocations go through torch.*, which a proof fences and fills (trial_buffers.py);
+# in-place methods (names ending in _) only on tensors the function made (sandbox_inplace.py)
 TENSOR_METHODS: frozenset[str] = frozenset((
     "contiguous", "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t",
     "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "expand_as", "narrow", "select",
     "split", "chunk", "unbind", "size", "stride", "dim", "numel", "element_size", "is_contiguous",
     "storage_offset", "clone", "to", "float", "half", "bfloat16", "double", "int", "long", "bool",
-    "type_as", "new_empty", "new_zeros", "new_ones", "new_full", "fill_", "zero_", "copy_", "add",
+    "type_as", "fill_", "zero_", "copy_", "add",
     "sub", "mul", "div", "add_", "mul_", "matmul", "mm", "bmm", "sum", "mean", "amax", "amin",
     "max", "min", "exp", "neg", "sqrt", "rsqrt", "abs", "clamp", "clamp_", "softmax", "masked_fill",
     "index_select", "gather", "repeat", "item", "tolist",
