@@ -16,8 +16,10 @@ def user_cache_dir() -> Path:
 
 
 def build_dir() -> Path:
-    """Where compiled kernel artifacts live, keyed by source hash."""
-    return user_cache_dir() / "build"
+    """Where compiled kernel artifacts live, keyed by source hash: METAL_ACCEL_BUILD_DIR (the worker's,
+    read-only to it), else the user cache's build directory."""
+    override = os.environ.get("METAL_ACCEL_BUILD_DIR")
+    return Path(override) if override else user_cache_dir() / "build"
 
 
 def shipped_cache_dir() -> Path:

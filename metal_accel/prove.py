@@ -12,7 +12,6 @@ from typing import Any, Callable
 import torch
 from torch.func import functional_call
 
-from . import config
 from .backends.base import Backend
 from .bench import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
 from .cache import Verdict
@@ -23,6 +22,7 @@ from .errors import MetalAccelError
 from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
 from .specs import InputSpec, call_signature
+from .soak import soak
 from .source_check import check_kernel_source
 from .synth.base import Evaluation
 from .testdata import make_inputs, sweep_specs
@@ -116,9 +116,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         """The candidate's results on TRIALS, the module's tensors as they are now, or why it failed to run."""
         state = layout.gather()
         if settings.isolate:
-            req = {"backend": backend.name, "device": str(device), "user_cache": str(config.user_cache_dir()),
-                   "code": cand.code, "source": cand.source, "static": layout.static, "slots": layout.tensor_slots,
-                   "state": [_cpu(t) for t in state],
+            req = {"backend": backend.name, "device": str(device), "code": cand.code, "source": cand.source,
+                   "static": layout.static, "slots": layout.tensor_slots, "state": [_cpu(t) for t in state],
                    "trials": [{"args": [_cpu(a) for a in t.args], "kwargs": {k: _cpu(v) for k, v in t.kwargs.items()}}
                               for t in trials]}
             try:
@@ -126,6 +125,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
             except WorkerFailure as exc:
                 return f"isolated run {exc}"
             if not reply["ok"]:
+                if reply.get("stage") == "confine":
+                    return reply["error"]
                 stage = "compile error" if reply.get("stage") == "compile" else "failed in the worker"
                 return f"{stage}: {reply['error']}"
             timings["compile_s"] = timings.get("compile_s", 0.0) + float(reply.get("compile_s", 0.0))
@@ -141,6 +142,10 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
                               state, repeat=(i == 0), sync=backend.synchronize) for i, t in enumerate(trials)]
 
     t0 = time.perf_counter()
+    if settings.isolate:
+        built = build_here(backend, cand.source)
+        if built:
+            return reject(built)
     # the worker gets copies of the inputs; an in-process candidate gets the trial's own, so references need theirs
     copies = not settings.isolate
     with torch.inference_mode():
@@ -152,6 +157,14 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         return reject(result)
     if not result.ok:
         return reject(f"incorrect: {result.reason}")
+    inputs = timing_inputs(call, device) if measures_speed(backend) else []
+    if settings.isolate and inputs:
+        t1 = time.perf_counter()
+        soaked = soak(cand, backend, device, layout, inputs, float64_reference(module, original), original, settings)
+        timings["soak_s"] = time.perf_counter() - t1
+        log.info("metal_accel: %s: %s: soak took %.1f s", call.name, cand.origin, timings["soak_s"])
+        if soaked:
+            return reject(soaked)
     try:
         from .native_policy import runtime_library; lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     except MetalAccelError as exc:
@@ -165,7 +178,6 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
                    "speed_gate": f"skipped: {backend.name} does not measure speed"}
         log.info("metal_accel: %s: %s passed validation on %s (no speed gate)", call.name, cand.origin, backend.name)
         return Evaluation(cand, Verdict(env, True, reason, cand.digest, None, None, None, details), op)
-    inputs = timing_inputs(call, device)
     t2 = time.perf_counter()
 
     check = spot_check(inputs, float64_reference(module, original))
@@ -201,6 +213,18 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     v = Verdict(env, True, reason, cand.digest, bench.speedup, bench.eager_us, bench.kernel_us, details)
     log.info("metal_accel: %s: accepted %s: %s", call.name, cand.origin, reason)
     return Evaluation(cand, v, installed, bench)
+
+
+def build_here(backend: Backend, source: str) -> str:
+    """Compile SOURCE here, before the worker runs it: the worker only loads artifacts from the build directory
+    (read-only to it, and it may not start a compiler). '' when built (or already on disk), else why not.
+    A backend's `build` compiles and checks without loading; where there is none, `compile` also loads."""
+    build = getattr(backend, "build", None)
+    try:
+        (build if callable(build) else backend.compile)(source)
+    except MetalAccelError as exc:
+        return f"compile error: {exc}"
+    return ""
 
 
 TRIAL_BATCH_BYTES = 256 << 20  # a proof makes, runs and judges as many trials at a time as fit in this
