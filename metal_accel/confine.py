@@ -300,7 +300,7 @@ def apply(scratch: Path, read_only: Sequence[Path] = (), read_write: Sequence[Pa
 def sufficient(layers: Sequence[str]) -> bool:
     """Whether LAYERS (from apply) confine files or syscalls at all: without either, untrusted native code
     must not run unless the user opted out (METAL_ACCEL_UNCONFINED=1)."""
-    return any(l.startswith((FS_LAYER + " ", SYSCALL_LAYER, "sandbox (")) for l in layers)
+    return any(l.split(" ")[0] in (FS_LAYER, SYSCALL_LAYER, "sandbox") and "not applied" not in l for l in layers)
 
 
 def unconfined_allowed() -> bool:

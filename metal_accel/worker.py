@@ -288,6 +288,15 @@ def _device_broken(device: str) -> str:
 
 # ---------------------------------------------------------------- caller end
 
+def launch(backend: str, device: str, scratch: Path, module: str = "metal_accel.worker") -> tuple[list[str], dict[str, str]]:
+    """The worker's command line and its whole environment: scrubbed, HOME and TMPDIR in SCRATCH, the build
+    directory named (read-only to it), the user cache pointed into SCRATCH, auto-instrumentation off."""
+    env = {**confine.scrubbed_environment(scratch), "METAL_ACCEL_BUILD_DIR": str(config.build_dir()),
+           "METAL_ACCEL_USER_CACHE": str(scratch / "user-cache"), "METAL_ACCEL_DISABLE": "1"}
+    return [sys.executable, confine.__file__, "-m", module, "--backend", backend, "--device", device,
+            "--scratch", str(scratch)], env
+
+
 class Worker:
     """One confined worker process for one (backend, device, build directory), started on first use,
     restarted after it dies or when a request needs another."""
@@ -300,6 +309,7 @@ class Worker:
         self._lock = threading.Lock()
         self.layers: list[str] = []   # the running worker's confinement (confine.apply), as it reported it
         self.start_s = 0.0            # how long its start took, confinement included
+        self.pid = 0
 
     def _start(self, backend: str, device: str, timeout: float) -> subprocess.Popen[bytes]:
         kind = (backend, device, str(config.build_dir()))  # the build directory is the only one it may read
@@ -309,15 +319,13 @@ class Worker:
             t0 = time.monotonic()
             self._scratch = Path(tempfile.mkdtemp(prefix="metal_accel_worker_"))
             self._stderr = tempfile.TemporaryFile()
-            env = {**confine.scrubbed_environment(self._scratch), "METAL_ACCEL_BUILD_DIR": str(config.build_dir()),
-                   "METAL_ACCEL_USER_CACHE": str(self._scratch / "user-cache"), "METAL_ACCEL_DISABLE": "1"}
-            cmd = [sys.executable, confine.__file__, "-m", "metal_accel.worker", "--backend", backend,
-                   "--device", device, "--scratch", str(self._scratch)]
+            cmd, env = launch(backend, device, self._scratch)
             self._proc = proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=self._stderr, env=env, cwd=self._scratch)
             self._kind = kind
             hello = self._reply(proc, max(timeout, START_TIMEOUT_S), "while starting")
             self.layers = [str(x) for x in hello.get("layers", [])]
+            self.pid = proc.pid
             self.start_s = time.monotonic() - t0
         return self._proc
 
