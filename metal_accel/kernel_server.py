@@ -100,6 +100,7 @@ class _Process:
         self.arena_view: Any = None
         self.base = self.capacity = 0
         self.timeout: float | None = None
+        self.closed = False
         try:
             _, payload = self.receive(START_TIMEOUT_S, "starting")
             self.layers: list[str] = [str(x) for x in json.loads(payload).get("layers", [])]
@@ -118,6 +119,9 @@ class _Process:
         return self.proc.poll() is None and os.getpid() == self.pid
 
     def close(self) -> None:
+        """Stop the process and unmap the arena; this object is dead afterwards (a new one replaces it)."""
+        self.closed = True
+        self.base = self.capacity = 0
         if os.getpid() == self.pid and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -152,16 +156,15 @@ class _Process:
                 payload += chunk
             return status, payload
         except socket.timeout:
-            self.proc.kill()
-            self.proc.wait()
+            self.close()
             raise KernelServerError(f"{what} did not finish within {limit:.0f} s in the kernel server (a hang or an "
                                     "endless loop); the server was stopped") from None
         except OSError:
             try:
                 code = self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                code = self.proc.wait()
+                code = None
+            self.close()
             raise KernelServerError(f"{what} crashed the kernel server ({_signal_name(code)}); it ran in a process of "
                                     "its own, so this one is unharmed") from None
 
@@ -192,7 +195,7 @@ _generation = 0  # bumped whenever a server starts: libraries load their kernels
 
 def _current(build_dir: str) -> _Process:
     global _server, _generation
-    if _server is not None and (not _server.alive() or _server.build_dir != build_dir):
+    if _server is not None and (_server.closed or not _server.alive() or _server.build_dir != build_dir):
         if os.getpid() == _server.pid:
             _server.close()
         _server = None
@@ -312,7 +315,7 @@ class RemoteLibrary(BoundKernels):
 
     def _server(self) -> _Process:
         server = _server
-        if server is None or self._generation != _generation or server.pid != os.getpid():
+        if server is None or server.closed or self._generation != _generation or server.pid != os.getpid():
             self._attach_new()
             server = _server
             assert server is not None
