@@ -58,7 +58,9 @@ LOAD_TIME_SECTIONS = (".ctors", ".dtors", ".preinit_array")
 # writable sections a normal shared object has; the loader's own, or relocation-read-only
 WRITABLE_OK = {".init_array", ".fini_array", ".data.rel.ro", ".dynamic", ".got", ".got.plt", ".data", ".bss",
                ".tm_clone_table", ".tdata", ".tbss"}
-TOOLCHAIN_DATA = re.compile(r"DW\.ref\.__gxx_personality_v0$")  # the personality pointer of code with cleanups
+# crtstuff's own data (the DSO handle, the "already finalized" flag, the TM clone table end) and the
+# personality pointer of code with cleanups
+TOOLCHAIN_DATA = re.compile(r"__dso_handle$|completed\.\d+$|__TMC_END__$|DW\.ref\.__gxx_personality_v0$")
 
 
 class BinaryCheckError(CompileError):
@@ -132,9 +134,11 @@ class _Symbols:
             if isinstance(sec, SymbolTableSection):
                 for s in sec.iter_symbols():
                     if s.name and s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["type"] in ("STT_FUNC", "STT_OBJECT",
-                                                                                          "STT_NOTYPE", "STT_LOOS"):
+                                                                                          "STT_NOTYPE", "STT_LOOS",
+                                                                                          "STT_TLS"):
                         rows.append((s["st_value"], s["st_size"], s.name, s["st_info"]["type"]))
         rows.sort()
+        self.has_symtab = elf.get_section_by_name(".symtab") is not None
         self.rows = rows
         self.addrs = [r[0] for r in rows]
 
@@ -149,21 +153,30 @@ class _Symbols:
             i -= 1
         return None
 
-    def in_range(self, lo: int, hi: int) -> list[str]:
-        return [r[2] for r in self.rows if lo <= r[0] < hi and r[3] == "STT_OBJECT"]
+    def in_range(self, lo: int, hi: int, everything: bool = False) -> list[str]:
+        """Names of the symbols in [LO, HI): data objects, or all (EVERYTHING)."""
+        return [r[2] for r in self.rows if lo <= r[0] < hi and (everything or r[3] in ("STT_OBJECT", "STT_TLS"))]
 
 
 def check_shared_object(path: Path, policy: Policy, baseline: Baseline) -> Verdict:
     """Raise BinaryCheckError (a sentence) if the library at PATH breaks POLICY; else its Verdict."""
     data = path.read_bytes()
     elf = _open(data, path.name)
-    if elf["e_type"] != "ET_DYN":
-        raise BinaryCheckError(f"{path.name} is not a shared object ({elf['e_type']})")
-    syms = _Symbols(elf)
-    imports = _check_dynamic(elf, policy)
-    _check_segments(elf, policy)
-    _check_sections(elf, policy, baseline, syms)
-    n = _check_code(elf, policy, syms)
+    try:
+        if elf["e_type"] != "ET_DYN":
+            raise BinaryCheckError(f"{path.name} is not a shared object ({elf['e_type']})")
+        syms = _Symbols(elf)
+        if not syms.has_symtab:
+            raise BinaryCheckError(f"{path.name} has no symbol table (stripped), so its data cannot be accounted for")
+        _check_segments(elf, policy)
+        _check_sections(elf, policy, baseline, syms)
+        imports = _check_dynamic(elf, policy)
+        n = _check_code(elf, policy, syms)
+    except BinaryCheckError:
+        raise
+    except Exception as e:  # pyelftools and construct raise many kinds on malformed files
+        raise BinaryCheckError(f"{path.name} is not a readable ELF shared object ({type(e).__name__}); it is not "
+                               "loaded") from None
     return Verdict(hashlib.sha256(data).hexdigest(),
                    f"passed: {len(imports)} imported symbols, all allowed; {n} instructions inspected")
 
@@ -233,15 +246,16 @@ def _check_sections(elf: ELFFile, policy: Policy, baseline: Baseline, syms: _Sym
                                    "could keep state there")
         if name in baseline.writable:
             lo = sec["sh_addr"]
-            own = [s for s in syms.in_range(lo, lo + size)]
-            allowed = baseline.writable[name] + 8 * sum(1 for s in own if TOOLCHAIN_DATA.match(s))
+            theirs = [n for n in syms.in_range(lo, lo + max(size, 1)) if not TOOLCHAIN_DATA.match(n)]
+            if theirs:
+                raise BinaryCheckError(f"section {name} holds writable data ({', '.join(theirs[:4])}): a kernel could "
+                                       "keep state there between calls (a non-const global, a mutable member, or a "
+                                       "lazily initialized constant)")
+            own = syms.in_range(lo, lo + max(size, 1), everything=True)
+            allowed = baseline.writable.get(name, 0) + 8 * sum(1 for n in own if n.startswith("DW.ref."))
             if size > allowed:
-                theirs = [s for s in own if not TOOLCHAIN_DATA.match(s) and s not in
-                          ("__dso_handle", "completed.0", "__TMC_END__")]
-                what = f" ({', '.join(theirs[:4])})" if theirs else ""
-                raise BinaryCheckError(f"section {name} holds {size - allowed} bytes of writable data{what} beyond the "
-                                       "toolchain's own: a kernel could keep state there between calls (a "
-                                       "non-const global, a mutable member, or a lazily initialized constant)")
+                raise BinaryCheckError(f"section {name} holds {size - allowed} bytes of writable data beyond the "
+                                       "toolchain's own: a kernel could keep state there between calls")
 
 
 def _check_code(elf: ELFFile, policy: Policy, syms: _Symbols) -> int:

@@ -1,0 +1,194 @@
+"""The binary check decides: each construct is compiled with the real compiler (source check bypassed) and
+the shared object is rejected with a sentence naming what was found; legit kernels pass."""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from metal_accel import config
+from metal_accel.backends import cpu
+from metal_accel.backends.artifact import baseline, record_path
+from metal_accel.backends.cpu import CpuBackend, compile_flags, find_compiler
+from metal_accel.backends.native_build import HeaderCheckError, compile_shared
+from metal_accel.binary_allow import CPU, MPS_EMU
+from metal_accel.binary_check import BinaryCheckError, BinaryCheckUnavailable, check_shared_object
+from metal_accel.errors import CompileError
+from metal_accel.source_check import HEADERS
+
+from toymodels import GOOD
+
+pytestmark = pytest.mark.needs_cxx
+KERNELS_SRC = Path(__file__).resolve().parents[1] / "kernels_src" / "cpu"
+TAIL = '\nextern "C" void k(float* o) { o[0] = 1.0f; }\n'
+
+
+def build(tmp_path: Path, source: str, name: str = "k") -> Path:
+    """SOURCE compiled with the CPU backend's flags, no source check, no header check."""
+    src, out = tmp_path / f"{name}.cpp", tmp_path / f"{name}.so"
+    src.write_text(source)
+    subprocess.run([find_compiler(), *compile_flags(), str(src), "-o", str(out)], check=True, capture_output=True)
+    return out
+
+
+def check(path: Path, policy=CPU) -> None:
+    cxx = find_compiler()
+    check_shared_object(path, policy, baseline(cxx, compile_flags(), str(config.include_dir())))
+
+
+@pytest.mark.parametrize("source, found", [
+    ('#include <cstdlib>\nextern "C" void k(float* o) { (system)("true"); }', "imports system"),
+    ('#include <fcntl.h>\nextern "C" void k(float* o) { int (*f)(const char*, int, ...) = open; o[0] = f("x", 0); }',
+     "imports open"),
+    ('#include <sys/socket.h>\nextern "C" void k(float* o) { auto f = &socket; o[0] = f(2, 1, 0); }', "imports socket"),
+    ('#include <cstdlib>\nextern "C" void k(float* o) { auto f = getenv; o[0] = f("HOME") != 0; }', "imports getenv"),
+    ('extern "C" long write(int, const void*, unsigned long);\nextern "C" void k(float* o) { write(1, o, 4); }',
+     "imports write"),
+    ('#include <sys/time.h>\nextern "C" void k(float* o) { timeval t; gettimeofday(&t, 0); o[0] = t.tv_usec; }',
+     "imports gettimeofday"),
+    ('extern char** environ;\nextern "C" void k(float* o) { o[0] = environ[0][0]; }', "imports environ"),
+    ('#define EXTC extern "C"\nEXTC int puts(const char*);\nextern "C" void k(float* o) { puts("x"); }', "imports puts"),
+    ('#include <x86intrin.h>\nextern "C" void k(float* o) { o[0] = float(__rdtsc()); }', "rdtsc"),
+    ('#include <cpuid.h>\nextern "C" void k(unsigned* o) { __get_cpuid(0, o, o + 1, o + 2, o + 3); }', "cpuid"),
+    ('#include <xmmintrin.h>\nextern "C" void k(float* o) { _mm_setcsr(0x9fc0); o[0] = 1; }', "floating-point control"),
+    ('#define A(x) a##x\nextern "C" void k(float* o) { A(sm)("syscall"); }', "syscall"),
+    ('extern "C" void k(unsigned* o) { o[0] = 0x050f; }', "bytes of syscall"),
+    ('#include <cstdlib>\n__attribute__((__constructor__)) static void at_load() { void* volatile p = malloc(8); free(p); }'
+     + TAIL, ".init_array"),
+    ('#include <cstdlib>\n[[gnu::constructor]] static void at_load() { void* volatile p = malloc(8); free(p); }' + TAIL,
+     ".init_array"),
+    ('#include <cstdlib>\nstatic void at_load() { void* volatile p = malloc(8); free(p); }\n'
+     '__attribute__((section(".init_array"), used)) static void (*p)() = at_load;' + TAIL, ".init_array"),
+    ('int calls() { static int n; return ++n; }\nconst int k0 = calls();' + TAIL, ".init_array"),
+    ('struct C { mutable int n; };\nconst C c{0};\nextern "C" void k(float* o) { o[0] = ++c.n; }', "writable data"),
+    ('int counter;\nextern "C" void k(float* o) { o[0] = ++counter; }', "writable data"),
+    ('struct S { static inline int n = 0; };\nextern "C" void k(float* o) { o[0] = ++S::n; }', "writable data"),
+    ('thread_local int n;\nextern "C" void k(float* o) { o[0] = ++n; }', "thread-local"),
+    ('extern "C" void impl(float* o) { o[0] = 1; }\nextern "C" void (*pick())(float*) { return impl; }\n'
+     'extern "C" void k(float* o) __attribute__((ifunc("pick")));', "indirect function"),
+])
+def test_rejected_constructs_name_what_was_found(tmp_path, source, found):
+    so = build(tmp_path, source)
+    with pytest.raises(BinaryCheckError, match=found) as info:
+        check(so)
+    msg = str(info.value)
+    assert msg.startswith("binary check: ") and "\n" not in msg and "Traceback" not in msg
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in KERNELS_SRC.glob("*.py")))
+def test_shipped_cpu_kernels_pass(tmp_path, name):
+    check(build(tmp_path, runpy.run_path(str(KERNELS_SRC / f"{name}.py"))["SOURCE"]
+                .replace('"ma_vecmath.h"', f'"{config.include_dir() / "ma_vecmath.h"}"')))
+
+
+def test_toy_chain_and_stdlib_kernels_pass(tmp_path):
+    check(build(tmp_path, GOOD.split('"""')[1], "chain"))
+    check(build(tmp_path, '#include <vector>\n#include <algorithm>\n#include <cmath>\n'
+                          'extern "C" void k(float* x, long n) { std::vector<float> v(x, x + n); '
+                          'std::sort(v.begin(), v.end()); for (long i = 0; i < n; ++i) x[i] = std::exp(v[i]); }',
+                "vec"))
+
+
+def test_emulator_runtime_passes_its_policy_but_not_the_cpus():
+    from metal_accel.backends.mps_emu import MpsEmuBackend
+    lib = MpsEmuBackend().compile("#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x "
+                                  "[[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] += 1.0f; }")
+    check(lib._path, MPS_EMU)
+    with pytest.raises(BinaryCheckError, match="thread-local|imports"):
+        check(lib._path, CPU)
+
+
+def test_unreadable_and_foreign_formats_are_refused(tmp_path):
+    macho = tmp_path / "k.dylib"
+    macho.write_bytes(b"\xcf\xfa\xed\xfe" + bytes(60))
+    with pytest.raises(BinaryCheckUnavailable, match="Mach-O.*refused"):
+        check(macho)
+    so = build(tmp_path, TAIL)
+    so.write_bytes(so.read_bytes()[:200])
+    with pytest.raises(BinaryCheckError, match="not a readable ELF"):
+        check(so)
+
+
+# ---------------------------------------------------------------- artifacts: record, verify, rebuild once
+
+FMA = '#include <cstdint>\nextern "C" void fma_k(const float* a, float* o, int64_t n) { for (int64_t i = 0; i < n; ++i) o[i] = a[i] * 2.0f; }\n'
+
+
+def test_build_record_holds_sha_and_verdict():
+    lib = CpuBackend().compile(FMA)
+    rec = json.loads(record_path(lib.path).read_text())
+    assert rec["backend"] == "cpu" and rec["binary_check"].startswith("passed") and len(rec["sha256"]) == 64
+
+
+@pytest.mark.parametrize("damage", ["truncate", "swap", "record"])
+def test_changed_artifact_is_rebuilt_once(tmp_path, damage):
+    path = CpuBackend().compile(FMA).path
+    cpu.clear_memory_cache()
+    # a new file moved over the artifact (rewriting a library this process has mapped would crash it)
+    bad = tmp_path / "bad.so"
+    if damage == "truncate":
+        bad.write_bytes(path.read_bytes()[:100])
+    elif damage == "swap":
+        bad = build(tmp_path, '#include <cstdint>\nextern "C" void fma_k(const float* a, float* o, int64_t n)'
+                              ' { for (int64_t i = 0; i < n; ++i) o[i] = 0.0f; }')
+    else:
+        bad.write_bytes(path.read_bytes())
+        record_path(path).unlink()
+    os.replace(bad, path)
+    before = cpu.compile_count
+    lib = CpuBackend().compile(FMA)
+    assert lib.compiled_now and cpu.compile_count == before + 1
+    rec = json.loads(record_path(path).read_text())
+    from metal_accel.binary_check import sha256_of
+    assert rec["sha256"] == sha256_of(path)
+
+
+def test_artifact_that_stays_bad_is_a_compile_error_once(monkeypatch):
+    real = cpu._run_compiler
+
+    def corrupting(cxx, source, out):
+        real(cxx, source, out)
+        out.write_bytes(b"\x7fELF garbage")
+
+    monkeypatch.setattr(cpu, "_run_compiler", corrupting)
+    with pytest.raises(CompileError, match="rebuilding it did not help; it is not loaded"):
+        CpuBackend().compile(FMA)
+
+
+# ---------------------------------------------------------------- headers and diagnostics
+
+def _secret(tmp_path: Path) -> Path:
+    secret = tmp_path / "home" / "secret.h"
+    secret.parent.mkdir()
+    secret.write_text("API_KEY=sk-secret-4242\n")
+    return secret
+
+
+def test_relative_include_outside_is_refused_and_not_quoted(tmp_path):
+    secret = _secret(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "kernel.cpp").write_text(f'#include "../home/{secret.name}"\n' + TAIL)
+    with pytest.raises(CompileError) as info:
+        compile_shared(find_compiler(), compile_flags(), work, "kernel.cpp", 120, config.include_dir(), HEADERS["c++"])
+    msg = str(info.value)
+    assert "sk-secret" not in msg and str(tmp_path) not in msg and "API_KEY" not in msg
+
+
+def test_header_outside_the_allowlist_is_refused(tmp_path):
+    (tmp_path / "kernel.cpp").write_text("#include <cstdio>\n" + TAIL)
+    with pytest.raises(HeaderCheckError, match="cstdio, which is not an allowed header"):
+        compile_shared(find_compiler(), compile_flags(), tmp_path, "kernel.cpp", 120, config.include_dir(),
+                       HEADERS["c++"])
+
+
+def test_diagnostics_quote_only_the_kernel():
+    with pytest.raises(CompileError) as info:
+        CpuBackend().compile('#include <cmath>\nextern "C" void k(float* o) { o[0] = std::sqrt("x"); }\n')
+    msg = str(info.value)
+    assert "kernel.cpp:2" in msg and "/usr/" not in msg and str(Path.home()) not in msg
+    assert str(config.user_cache_dir()) not in msg
