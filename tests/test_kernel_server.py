@@ -161,6 +161,7 @@ def test_no_arena_or_descriptor_leak_over_many_calls() -> None:
     assert len(kernel_server._plans) <= 257
 
 
+@pytest.mark.slow
 def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, sys
@@ -219,6 +220,7 @@ def test_policy_leaves_device_code_in_process() -> None:
     assert native_policy.runtime_library(Device(), "__global__ void k() {}") == "loaded here"
 
 
+@pytest.mark.slow
 def test_a_failing_remote_kernel_is_switched_off_and_the_module_runs_eager(tmp_path: Path) -> None:
     """Production: the dispatcher drops a kernel whose server call fails and reruns eager."""
     import metal_accel
