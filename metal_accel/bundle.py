@@ -8,6 +8,11 @@
 Loading checks every entry's hash against the manifest before it is parsed, and the sandbox
 and source checks when it is; a tampered, truncated, unlisted or unknown-version entry is skipped
 with a warning and reported by `verify`, never executed.
+
+A bundle that matches its own manifest is only self-consistent: anyone who edits an entry can
+recompute the hashes and the lock. So its verdicts are claims, and each kernel is proven on this
+device before its first use, unless the app pinned the lock it got from a source it trusts
+(load_cache(path, sha256=...)), or the verdict carries this user's own seal (attest.py).
 """
 from __future__ import annotations
 
@@ -43,6 +48,20 @@ def _manifest_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
         raise CacheError(f"{path}: not a metal_accel bundle of a known version "
                          f"(format {data.get('format')!r}, version {data.get('bundle_version')!r})")
     return data
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256_cached(path: str, mtime_ns: int, size: int) -> str:
+    return sha256_file(Path(path))
+
+
+def manifest_sha256(root: Path) -> str | None:
+    """The sha256 of `root`'s manifest (what a pin names), or None when it has none."""
+    path = root / MANIFEST
+    if not path.is_file():
+        return None
+    st = path.stat()
+    return _sha256_cached(str(path), st.st_mtime_ns, st.st_size)
 
 
 def read_manifest(root: Path) -> dict[str, Any] | None:
@@ -143,16 +162,36 @@ class VerifyReport:
     path: Path
     ok: list[str] = field(default_factory=list)        # entry keys that load
     problems: list[str] = field(default_factory=list)  # one line per problem
+    pinned: bool | None = None   # the manifest matches the sha256 given (None: none given)
+    verdicts: int = 0            # verdicts in the entries that load
+    sealed: int = 0              # ...of which carry this user's own seal
 
     @property
     def clean(self) -> bool:
-        return not self.problems
+        return not self.problems and self.pinned is not False
+
+    def trust(self) -> str:
+        """One sentence: whether the bundle's verdicts are proof here or claims."""
+        if self.pinned:
+            return "pinned: the manifest matches the sha256 given, so its verdicts count as proof when loaded " \
+                   "with load_cache(path, sha256=...)"
+        if self.pinned is False:
+            return "NOT the pinned bundle: its manifest differs from the sha256 given; load_cache refuses it"
+        if self.verdicts and self.sealed == self.verdicts:
+            return f"sealed: all {self.verdicts} verdicts were made by this user's own metal_accel"
+        claims = self.verdicts - self.sealed
+        return (f"only self-consistent: its files match its own manifest, which anyone can recompute; "
+                f"{claims} of {self.verdicts} verdicts are claims, so those kernels are proven on this device "
+                f"before their first use (pin the lock with load_cache(path, sha256=...) to vouch for them)")
 
 
-def verify_bundle(root: Path) -> VerifyReport:
-    """Check every file's hash, every entry's format, sandbox and source checks; list what fails."""
+def verify_bundle(root: Path, pin: str | None = None) -> VerifyReport:
+    """Check every file's hash, every entry's format, sandbox and source checks; list what fails.
+    With PIN (a lock from a trusted source), also whether the manifest is that one."""
     from .cache import read_entry
     report = VerifyReport(root)
+    if pin is not None:
+        report.pinned = manifest_sha256(root) == pin.strip()
     try:
         manifest = read_manifest(root)
     except (CacheError, ValueError) as exc:
@@ -175,8 +214,11 @@ def verify_bundle(root: Path) -> VerifyReport:
     for rec in manifest.get("entries", []):
         rel = rec.get("file", "")
         if rel in listed and (root / rel).is_file() and sha256_file(root / rel) == listed[rel]:
-            if read_entry(root / rel, "verify") is None:
+            entry = read_entry(root / rel, "verify")
+            if entry is None:
                 report.problems.append(f"{rel}: entry does not load (bad format, version, sandbox or source check)")
             else:
                 report.ok.append(rec["key"])
+                report.verdicts += len(entry.verdicts)
+                report.sealed += sum(1 for env_id in entry.verdicts if entry.proven(env_id))
     return report

@@ -1,12 +1,18 @@
 """Kernel caches: one writable user cache and read-only shipped caches.
 
 Layout: <root>/<backend>/<entry key>.json, one JSON document per (module, input spec, backend).
+
+A verdict is proof here only when this user's library made it (its seal verifies: attest.py) or
+the app pinned the bundle it came from; any other verdict is a claim, and the kernel is proven on
+this device before it first runs, exactly as one proven on another device.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +20,14 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
-from . import config
+from . import attest, config
 from .backends.base import Environment
 from .candidate import Candidate
 from .errors import CacheError, MetalAccelError
 from .sandbox_check import check_host_code
 from .source_check import LANGUAGE_OF_BACKEND, check_kernel_source
-from .cache_index import atomic_write, update_index
+from .cache_index import INDEX_NAME, atomic_write, update_index
+from .redact import redact, redact_obj
 from .specs import InputSpec, OutputSpec
 
 log = logging.getLogger(__name__)
@@ -40,19 +47,46 @@ class Verdict:
     kernel_us: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
     measured_at: float = field(default_factory=time.time)
+    seal: str = ""  # this user's HMAC of the verdict (attest.py); '' on a claim
+    fresh: bool = field(default=True, compare=False, repr=False)  # made by this process, not read; never stored
 
-    def to_dict(self) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        if self.fresh:  # reasons are shown and sent: no environment values, home paths or credentials
+            self.scrub()
+
+    def scrub(self) -> None:
+        self.reason = redact(self.reason)
+        self.details = redact_obj(self.details)
+
+    def content(self) -> dict[str, Any]:
+        """Everything the seal covers: the stored document without the seal."""
         return {"env": self.env.to_dict(), "accepted": self.accepted, "reason": self.reason,
                 "candidate_digest": self.candidate_digest, "speedup": self.speedup,
                 "eager_us": self.eager_us, "kernel_us": self.kernel_us, "details": self.details,
                 "measured_at": self.measured_at}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.content(), "seal": self.seal}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Verdict":
         return cls(env=Environment.from_dict(d["env"]), accepted=bool(d["accepted"]), reason=str(d["reason"]),
                    candidate_digest=d.get("candidate_digest", ""), speedup=d.get("speedup"),
                    eager_us=d.get("eager_us"), kernel_us=d.get("kernel_us"), details=d.get("details", {}),
-                   measured_at=float(d.get("measured_at", 0.0)))
+                   measured_at=float(d.get("measured_at", 0.0)), seal=str(d.get("seal", "")), fresh=False)
+
+
+# Rejections that say something about this machine, not the kernel: never remembered as the kernel's.
+_ENVIRONMENT_FAULTS = re.compile(
+    r"compiled kernel library \S+ (is missing|has no readable build record|cannot be read|changed on disk"
+    r"|is truncated or corrupt|could not be built)|cannot load compiled kernel library|no C\+\+ compiler found"
+    r"|compilation timed out|compiling .{0,80} timed out|No space left on device|Read-only file system"
+    r"|Too many open files|Permission denied|could not start the worker|worker could not start", re.I)
+
+
+def environment_fault(reason: str) -> bool:
+    """Whether a rejection REASON is this machine's fault (build infrastructure, disk, permissions)."""
+    return bool(_ENVIRONMENT_FAULTS.search(reason))
 
 
 @dataclass
@@ -71,9 +105,30 @@ class CacheEntry:
     rejected: list[dict[str, str]] = field(default_factory=list)  # {digest, origin, reason} of losers
     class_source_sha: str = ""  # sha256 of the module class's source (auto-instrumentation checks it)
     origin: str = "user"  # which cache it was read from; not stored
+    vouched: bool = False  # read from a bundle the app pinned by hash: its verdicts count as proof; not stored
 
     def verdict_for(self, env: Environment) -> Verdict | None:
-        return self.verdicts.get(env.id)
+        """The verdict for ENV if it is proof here: made by this user's library (sealed, or made by this
+        process), or vouched for by a pinned bundle. A claim (any other verdict) gives None: prove it here."""
+        verdict = self.verdicts.get(env.id)
+        return verdict if verdict is not None and self.proven(env.id) else None
+
+    def proven(self, env_id: str) -> bool:
+        """Whether the verdict stored for ENV_ID is proof here rather than a claim."""
+        v = self.verdicts.get(env_id)
+        if v is None:
+            return False
+        return v.fresh or self.vouched or attest.verify(self.key, self._candidate_digest(), env_id, v.content(), v.seal)
+
+    def _candidate_digest(self) -> str:
+        return self.candidate.digest if self.candidate is not None else ""
+
+    def seal_fresh(self) -> None:
+        """Scrub and seal the verdicts this process made (never those read from a file): only they are proof."""
+        for env_id, v in self.verdicts.items():
+            if v.fresh:
+                v.scrub()
+                v.seal = attest.seal(self.key, self._candidate_digest(), env_id, v.content())
 
     def to_dict(self) -> dict[str, Any]:
         cand = None
@@ -96,11 +151,9 @@ class CacheEntry:
         cand = None
         if d.get("candidate"):
             c = d["candidate"]
-            kind = c.get("kind", "kernel")
-            if kind not in ("kernel", "inductor", "cuda-graph"):
-                raise CacheError(f"unknown candidate kind {kind!r}")
+            # the candidate checks that its source and kind follow from its code (CandidateFormatError)
             cand = Candidate(code=c["code"], source=c["source"], backend=c["backend"], origin=c.get("origin", ""),
-                             kind=kind)
+                             kind=c.get("kind", "kernel"))
             if c.get("digest") and c["digest"] != cand.digest:
                 raise CacheError("candidate digest does not match its code")
             if cand.is_builtin:
@@ -136,27 +189,62 @@ def read_entry(path: Path, origin: str) -> CacheEntry | None:
     return entry
 
 
-class CacheDir:
-    """One cache directory. Writes (user cache only) are atomic and serialized by a file lock."""
+@dataclass
+class Cleared:
+    """What `CacheDir.clear` removed, and what it left because it did not make it."""
 
-    def __init__(self, root: Path, *, writable: bool, name: str) -> None:
+    entries: int = 0
+    artifacts: int = 0       # compiled kernels (and their build records) under build/
+    bundles: int = 0         # bundles unpacked by load_cache
+    recordings: int = 0      # METAL_ACCEL_RECORD files
+    other: int = 0           # index, locks, temporary files
+    left: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [f"{self.entries} entries", f"{self.artifacts} compiled artifacts", f"{self.bundles} unpacked bundles",
+                 f"{self.recordings} recordings", f"{self.other} index, lock and temporary files"]
+        out = "removed " + ", ".join(parts)
+        if self.left:
+            out += f"; left {len(self.left)} paths metal_accel did not make: " + ", ".join(self.left[:5])
+        return out
+
+
+# Top-level names a user cache owns besides its backend directories (build: compiled kernels).
+_OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings"}
+
+
+def _files_in(path: Path) -> int:
+    return sum(1 for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else 0
+
+
+class CacheDir:
+    """One cache directory. Writes (user cache only) are atomic and serialized by a file lock.
+
+    `pin`: the sha256 of the bundle manifest the app pinned (load_cache(path, sha256=...)); the
+    entries of a pinned bundle are vouched for, and its manifest is checked against the pin on every read.
+    """
+
+    def __init__(self, root: Path, *, writable: bool, name: str, pin: str | None = None) -> None:
         self.root = Path(root)
         self.writable = writable
         self.name = name
+        self.pin = pin
 
     def path_for(self, backend: str, key: str) -> Path:
         return self.root / backend / f"{key}.json"
 
     def _trusted(self, path: Path) -> bool:
-        """In a bundle, only files whose sha256 the manifest lists may be read."""
-        from .bundle import read_manifest, sha256_file
+        """In a bundle, only files whose sha256 the manifest lists may be read (and, pinned, only that manifest)."""
+        from .bundle import manifest_sha256, read_manifest, sha256_file
         try:
             manifest = read_manifest(self.root)
-        except (CacheError, ValueError) as exc:
+            if self.pin is not None and manifest_sha256(self.root) != self.pin:
+                raise CacheError("its manifest no longer matches the pinned sha256")
+        except (CacheError, ValueError, OSError) as exc:
             log.warning("metal_accel: ignoring bundle %s: %s", self.root, exc)
             return False
         if manifest is None:
-            return True
+            return self.pin is None
         rel = path.relative_to(self.root).as_posix()
         digest = manifest.get("files", {}).get(rel)
         if digest is None or not path.is_file() or sha256_file(path) != digest:
@@ -165,24 +253,35 @@ class CacheDir:
             return False
         return True
 
+    def _read(self, path: Path) -> CacheEntry | None:
+        entry = read_entry(path, self.name) if self._trusted(path) else None
+        if entry is not None:
+            entry.vouched = self.pin is not None
+        return entry
+
     def get(self, backend: str, key: str) -> CacheEntry | None:
         path = self.path_for(backend, key)
-        if not path.is_file() or not self._trusted(path):
-            return None
-        return read_entry(path, self.name)
+        return self._read(path) if path.is_file() else None
 
     def put(self, entry: CacheEntry) -> Path:
         """Write `entry`, merged with what another process may have written meanwhile.
 
         Under the entry's lock: verdicts of the same candidate from other environments are kept,
-        rejection records are united, and the index is updated. Writes are atomic (rename).
+        rejection records are united, and the index is updated. The verdicts this process made are
+        scrubbed and sealed (only they become proof); rejections that are this machine's fault (a
+        broken build, a full disk) are not remembered. Writes are atomic (rename).
         """
         if not self.writable:
             raise CacheError(f"cache {self.root} is read-only")
         path = self.path_for(entry.backend, entry.key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        entry.verdicts = {k: v for k, v in entry.verdicts.items()
+                          if not (v.fresh and not v.accepted and environment_fault(v.reason))}
+        entry.rejected = [{**r, "reason": redact(str(r.get("reason", "")))} for r in entry.rejected
+                          if not environment_fault(str(r.get("reason", "")))]
         with FileLock(str(path) + ".lock", timeout=60):
             merged = _merge(read_entry(path, self.name), entry)
+            merged.seal_fresh()
             atomic_write(path, json.dumps(merged.to_dict(), indent=1, sort_keys=True))
         update_index(self.root, [merged])
         return path
@@ -190,24 +289,48 @@ class CacheDir:
     def entries(self, backend: str | None = None) -> Iterator[CacheEntry]:
         dirs = [self.root / backend] if backend else sorted(p for p in self.root.glob("*") if p.is_dir())
         for d in dirs:
-            if d.name == "build":
+            if d.name in _OWNED_DIRS:
                 continue
             for path in sorted(d.glob("*.json")):
-                entry = read_entry(path, self.name) if self._trusted(path) else None
+                entry = self._read(path)
                 if entry is not None:
                     yield entry
 
-    def clear(self) -> int:
-        """Delete every entry (and compiled artifacts) of a writable cache; returns entries removed."""
+    def clear(self) -> Cleared:
+        """Delete everything this (writable) cache owns: entries, index, locks, compiled artifacts,
+        unpacked bundles, recordings. Files it did not make are left, and listed."""
         if not self.writable:
             raise CacheError(f"cache {self.root} is read-only")
-        removed = 0
-        for path in self.root.glob("*/*.json"):
-            path.unlink(missing_ok=True)
-            removed += 1
-        for path in [*self.root.glob("*/*.lock"), self.root / "index.json"]:
-            path.unlink(missing_ok=True)
-        return removed
+        out = Cleared()
+        if not self.root.is_dir():
+            return out
+        for child in sorted(self.root.iterdir()):
+            if child.is_dir() and not child.is_symlink() and child.name in _OWNED_DIRS:
+                n = _files_in(child)
+                setattr(out, _OWNED_DIRS[child.name], getattr(out, _OWNED_DIRS[child.name]) + n)
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.is_dir() and not child.is_symlink() and (_is_backend_dir(child) or child.name.startswith("tmp")
+                                                                 and _leftover_unpack(child)):
+                out.entries += sum(1 for _ in child.glob("*.json"))
+                out.other += sum(1 for f in child.iterdir() if not f.name.endswith(".json"))
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.is_file() and (child.name.startswith((INDEX_NAME, ".tmp-"))):
+                child.unlink(missing_ok=True)
+                out.other += 1
+            else:
+                out.left.append(str(child))
+        return out
+
+
+def _leftover_unpack(d: Path) -> bool:
+    """A temporary directory bundle.unpack left behind (empty, or holding an extracted bundle/)."""
+    return not any(d.iterdir()) or (d / "bundle").is_dir()
+
+
+def _is_backend_dir(d: Path) -> bool:
+    """A directory of entries: only <key>.json files, their locks and temporary files from atomic writes."""
+    return all(f.is_file() and (f.suffix == ".json" or f.name.endswith(".json.lock") or f.name.startswith(".tmp-"))
+               for f in d.iterdir())
 
 
 def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
@@ -216,7 +339,9 @@ def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
     seen = {r.get("digest") for r in new.rejected}
     new.rejected = new.rejected + [r for r in old.rejected if r.get("digest") not in seen]
     if old.candidate is not None and new.candidate is not None and old.candidate.digest == new.candidate.digest:
-        new.verdicts = {**old.verdicts, **new.verdicts}
+        # a claim (e.g. from an imported bundle) never replaces this user's own proof for the same environment
+        own = {k: v for k, v in old.verdicts.items() if k in new.verdicts and old.proven(k) and not new.proven(k)}
+        new.verdicts = {**old.verdicts, **new.verdicts, **own}
     elif new.candidate is None and old.candidate is not None and any(v.accepted for v in old.verdicts.values()):
         # a failed search here does not erase a kernel proven in another environment
         new.candidate, new.sandbox = old.candidate, old.sandbox
@@ -224,14 +349,17 @@ def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
     return new
 
 
-_loaded: list[Path] = []
+_loaded: dict[Path, str | None] = {}  # loaded cache directory -> the manifest sha256 the app pinned, if any
 
 
 def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
     """Add a read-only kernel cache (a directory or a bundle, e.g. one shipped with an app).
 
-    With `sha256` (the bundle's lock), a bundle whose manifest differs is refused. Only paths the
-    user names are ever loaded: CPU and CUDA kernels are native code. Returns the directory used.
+    With `sha256` (the bundle's lock), a bundle whose manifest differs is refused, and the verdicts
+    of one that matches count as proof: its kernels run here without being proven again. Without
+    it, the cache's verdicts are claims: each kernel is proven on this device before its first use
+    (and then remembered, sealed, in the user cache). Only paths the user names are ever loaded:
+    CPU and CUDA kernels are native code. Returns the directory used.
     """
     from .bundle import LOCK, MANIFEST, read_manifest, sha256_file, unpack
     p = unpack(path, config.user_cache_dir() / "bundles")
@@ -246,8 +374,9 @@ def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
             raise CacheError(f"{path}: manifest sha256 {actual[:16]}... does not match the pinned "
                              f"{sha256.strip()[:16]}... (see {LOCK}); refusing to load")
     read_manifest(p)  # an unknown bundle version is refused here, loudly
-    if p not in _loaded:
-        _loaded.append(p)
+    pin = sha256.strip() if sha256 is not None else None
+    if p not in _loaded or (pin is not None and _loaded[p] != pin):
+        _loaded[p] = pin if pin is not None else _loaded.get(p)
         try:
             from . import hook
             if hook.is_active():
@@ -263,7 +392,7 @@ def user_cache() -> CacheDir:
 
 def read_only_caches() -> list[CacheDir]:
     """Loaded caches, then METAL_ACCEL_CACHE_PATH, then the cache shipped with the package."""
-    caches = [CacheDir(p, writable=False, name=f"loaded:{p}") for p in _loaded]
+    caches = [CacheDir(p, writable=False, name=f"loaded:{p}", pin=pin) for p, pin in _loaded.items()]
     caches += [CacheDir(p, writable=False, name=f"env:{p}") for p in config.extra_cache_paths()]
     caches.append(CacheDir(config.shipped_cache_dir(), writable=False, name="shipped"))
     return caches

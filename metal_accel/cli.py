@@ -58,8 +58,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
     rows = []
     for c in _select(args):
         for e in c.entries(args.backend):
-            verdicts = ", ".join(f"{'ok' if v.accepted else 'no'} {v.speedup:.2f}x" if v.speedup else
-                                 f"{'ok' if v.accepted else 'no'}" for v in e.verdicts.values()) or "-"
+            verdicts = ", ".join(_verdict_cell(e, env_id) for env_id in e.verdicts) or "-"
             rows.append((e.key[:12], c.name, e.backend, e.module_class.rsplit(".", 1)[-1],
                          e.input_spec.describe(), "kernel" if e.candidate else "none", verdicts))
     if not rows:
@@ -70,6 +69,13 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
     for r in [head, *rows]:
         print("  ".join(col.ljust(w) for col, w in zip(r, widths)).rstrip())
     return 0
+
+
+def _verdict_cell(e: cache_mod.CacheEntry, env_id: str) -> str:
+    """'ok 1.30x' for a verdict this user's library made (or a pinned bundle vouches for); '(claim)' otherwise."""
+    v = e.verdicts[env_id]
+    cell = f"{'ok' if v.accepted else 'no'}" + (f" {v.speedup:.2f}x" if v.speedup else "")
+    return cell if e.proven(env_id) else cell + " (claim)"
 
 
 def cmd_cache_show(args: argparse.Namespace) -> int:
@@ -90,11 +96,12 @@ def cmd_cache_show(args: argparse.Namespace) -> int:
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
     if not args.yes and sys.stdin.isatty():
-        answer = input(f"delete every entry of the user cache at {config.user_cache_dir()}? [y/N] ")
+        answer = input(f"delete everything in the user cache at {config.user_cache_dir()} (entries, compiled "
+                       "kernels, unpacked bundles, recordings)? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             return 1
-    n = cache_mod.user_cache().clear()
-    print(f"removed {n} entries from {config.user_cache_dir()}")
+    cleared = cache_mod.user_cache().clear()
+    print(f"{cleared.summary()} from {config.user_cache_dir()}")
     return 0
 
 
@@ -116,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("key", help="entry key or a prefix of it")
             c.add_argument("--source", action="store_true", help="print the kernel and host code")
         c.set_defaults(fn=fn)
-    clear = csub.add_parser("clear", help="delete the user cache's entries")
+    clear = csub.add_parser("clear", help="delete everything the user cache holds (entries, compiled kernels, "
+                            "unpacked bundles, recordings)")
     clear.add_argument("-y", "--yes", action="store_true", help="do not ask")
     clear.set_defaults(fn=cmd_cache_clear)
     cli_bundle.add_parsers(csub)

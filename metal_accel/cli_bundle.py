@@ -19,12 +19,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        report = verify_bundle(unpack(args.bundle, Path(tmp)))
+        report = verify_bundle(unpack(args.bundle, Path(tmp)), pin=args.sha256)
         for key in report.ok:
             print(f"ok       {key}")
         for problem in report.problems:
             print(f"PROBLEM  {problem}")
         print(f"{len(report.ok)} entries load; {len(report.problems)} problems")
+        print(f"trust: {report.trust()}")
     return 0 if report.clean else 1
 
 
@@ -43,6 +44,9 @@ def cmd_import(args: argparse.Namespace) -> int:
                 user.put(entry)
                 imported += 1
         print(f"imported {imported} entries into {user.root}")
+        if imported and report.sealed < report.verdicts:
+            print(f"their {report.verdicts - report.sealed} verdicts not sealed by you are claims: each kernel is "
+                  "proven on this device before its first use")
     return 0 if report.clean else 1
 
 
@@ -56,6 +60,8 @@ def add_parsers(csub: argparse._SubParsersAction) -> None:
     exp.set_defaults(fn=cmd_export)
     ver = csub.add_parser("verify", help="check a bundle's hashes and entries")
     ver.add_argument("bundle")
+    ver.add_argument("--sha256", default=None, help="the lock you trust (from the bundle's author): check the "
+                     "manifest is that one")
     ver.set_defaults(fn=cmd_verify)
     imp = csub.add_parser("import", help="copy a bundle's valid entries into the user cache")
     imp.add_argument("bundle")

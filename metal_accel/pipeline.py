@@ -20,6 +20,7 @@ from .builtin_compile import (CompiledOp, builtin_kinds, candidate_op, compile_c
                               prove_candidate, supports_compile)
 from .builtin_graph import GraphedOp
 from .prove import ProofSettings
+from .redact import redact
 from .report import COVERED, ModuleReport
 from .specs import UnsupportedCall
 from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
@@ -65,9 +66,10 @@ class Pipeline:
         except Exception as exc:
             if self.strict:
                 raise
-            log.warning("metal_accel: %s (%s) stays eager after an internal error: %s", call.name,
-                        rep.module_class, exc, exc_info=True)
-            rep.status, rep.reason = "eager", f"internal error: {type(exc).__name__}: {exc}"
+            rep.status, rep.reason = "eager", redact(f"internal error: {type(exc).__name__}: {exc}")
+            log.warning("metal_accel: %s (%s) stays eager after an %s", call.name, rep.module_class, rep.reason)
+            log.debug("metal_accel: the internal error's traceback", exc_info=True)
+        _scrub_report(rep)
         return rep
 
     def _process(self, call: ModuleCall, rep: ModuleReport) -> None:
@@ -248,6 +250,14 @@ def _record_times(rep: ModuleReport, evaluations: list[Evaluation]) -> None:
             rep.graph_us = us
         elif rep.kernel_us is None or us < rep.kernel_us:
             rep.kernel_us = us
+
+
+def _scrub_report(rep: ModuleReport) -> None:
+    """The report's reasons are printed by explain(): no environment values, home paths or credentials."""
+    rep.reason = redact(rep.reason) if rep.reason else rep.reason
+    rep.rejected = [redact(r) for r in rep.rejected]
+    rep.outpaced = [redact(r) for r in rep.outpaced]
+    rep.notes = [redact(r) for r in rep.notes]
 
 
 def _rejection(ev: Evaluation) -> dict[str, str]:

@@ -28,12 +28,13 @@ HERE = Path(__file__).parent
 def bundle(tmp_path, isolated_user_cache, monkeypatch):
     model = Net().eval()
     metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidates(tmp_path, good=GOOD)])
-    assert chain_report(model).status == "kernel"
+    rep = chain_report(model)
+    assert rep.status == "kernel", (rep.reason, rep.rejected)
     info = export_bundle(tmp_path / "bundle", [cache_mod.user_cache()])
     # a fresh user cache: the app's machine has only the bundle
     fresh = tmp_path / "fresh_user_cache"
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(fresh))
-    monkeypatch.setattr(cache_mod, "_loaded", [])
+    monkeypatch.setattr(cache_mod, "_loaded", {})
     return info
 
 

@@ -84,7 +84,7 @@ def test_lookup_order_user_then_loaded_then_env_then_shipped(tmp_path, monkeypat
     monkeypatch.setenv("METAL_ACCEL_CACHE_PATH", str(env_dir))
     assert cache_mod.lookup("cpu", "b" * 32).origin == f"env:{env_dir}"
     CacheDir(loaded, writable=True, name="x").put(make_entry("b" * 32))
-    monkeypatch.setattr(cache_mod, "_loaded", [])
+    monkeypatch.setattr(cache_mod, "_loaded", {})
     metal_accel.load_cache(loaded)
     assert cache_mod.lookup("cpu", "b" * 32).origin == f"loaded:{loaded}"
     cache_mod.user_cache().put(make_entry("b" * 32))

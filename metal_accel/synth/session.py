@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from ..candidate import Candidate, parse_candidate
 from ..errors import CandidateFormatError
+from ..redact import redact
 from .base import Evaluation, SynthesisRequest
 from .bridge import AsyncEvaluate
 from .budget import Budget, cost_of
@@ -135,13 +136,13 @@ class ModuleSession:
             except CandidateFormatError as exc:
                 attempt.outcome = f"malformed answer: {exc}"
                 self._note(attempt)
-                messages.append({"role": "user", "content": feedback_malformed(exc)})
+                messages.append({"role": "user", "content": redact(feedback_malformed(exc))})
                 continue
             attempt.digest = cand.digest
             try:
                 ev, duplicate = await self._evaluate(cand, attempt)
             except Exception as exc:
-                attempt.outcome = f"evaluation failed: {scrub(exc)}"
+                attempt.outcome = f"evaluation failed: {redact(scrub(exc))}"
                 self._note(attempt)
                 return
             self._update_best(ev)
@@ -150,7 +151,8 @@ class ModuleSession:
             self._note(attempt)
             if ev.verdict.accepted:
                 return
-            messages.append({"role": "user", "content": feedback_for(ev, self.best, duplicate=duplicate)})
+            # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
+            messages.append({"role": "user", "content": redact(feedback_for(ev, self.best, duplicate=duplicate))})
 
     async def _evaluate(self, cand: Candidate, attempt: Attempt) -> tuple[Evaluation, bool]:
         """Evaluate once per distinct candidate; a repeat waits for (or reuses) the first verdict."""
