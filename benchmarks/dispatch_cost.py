@@ -73,7 +73,8 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, flo
 def machine() -> dict[str, Any]:
     from metal_accel.backends.cpu import cpu_name
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "os": platform.platform()}
+            "torch": torch.__version__, "python": platform.python_version(), "os": platform.platform(),
+            "load_average_1m": os.getloadavg()[0]}
 
 
 def main() -> None:
