@@ -155,7 +155,8 @@ class _Symbols:
 
     def in_range(self, lo: int, hi: int, everything: bool = False) -> list[str]:
         """Names of the symbols in [LO, HI): data objects, or all (EVERYTHING)."""
-        return [r[2] for r in self.rows if lo <= r[0] < hi and (everything or r[3] in ("STT_OBJECT", "STT_TLS"))]
+        names = [r[2] for r in self.rows if lo <= r[0] < hi and (everything or r[3] in ("STT_OBJECT", "STT_TLS"))]
+        return list(dict.fromkeys(names))  # .symtab and .dynsym name the same symbols
 
 
 def check_shared_object(path: Path, policy: Policy, baseline: Baseline) -> Verdict:

@@ -86,12 +86,12 @@ def scrub_diagnostics(log: str, work: Path, kernel_names: tuple[str, ...]) -> st
     """The compiler's output with only what concerns the kernel's own files (see module docstring)."""
     work_s = str(work) + os.sep
     keep: list[str] = []
-    keeping = True
+    keeping, dropped = True, 0
     for line in log.replace(work_s, "").splitlines():
-        if _HEADER_LINE.match(line) or line.startswith("Multiple include guards may be useful for:"):
+        if line.startswith("Multiple include guards may be useful for:"):
+            break  # -H's closing list of header files
+        if _HEADER_LINE.match(line):
             continue
-        if os.path.isabs(line.strip()) and " " not in line.strip():
-            continue  # the tail of -H's include-guard list
         m = _INCLUDED_FROM.match(line) or _LOCATION.match(line)
         if m:
             keeping = m.group(1) in kernel_names
@@ -99,6 +99,10 @@ def scrub_diagnostics(log: str, work: Path, kernel_names: tuple[str, ...]) -> st
             keeping = True  # a plain line ("compilation terminated.")
         if keeping:
             keep.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        keep.append(f"({dropped} diagnostic lines about files other than the kernel are not shown)")
     text = "\n".join(keep).strip()
     home = str(Path.home())
     if len(home) > 1:
