@@ -194,14 +194,15 @@ class Cleared:
     """What `CacheDir.clear` removed, and what it left because it did not make it."""
 
     entries: int = 0
-    artifacts: int = 0       # compiled kernels (and their build records) under build/
+    artifacts: int = 0       # files under build/: compiled kernels, their sources, build records, locks
     bundles: int = 0         # bundles unpacked by load_cache
     recordings: int = 0      # METAL_ACCEL_RECORD files
     other: int = 0           # index, locks, temporary files
     left: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = [f"{self.entries} entries", f"{self.artifacts} compiled artifacts", f"{self.bundles} unpacked bundles",
+        parts = [f"{self.entries} entries", f"{self.artifacts} build files (compiled kernels and their records)",
+                 f"{self.bundles} unpacked bundles",
                  f"{self.recordings} recordings", f"{self.other} index, lock and temporary files"]
         out = "removed " + ", ".join(parts)
         if self.left:
@@ -306,7 +307,7 @@ class CacheDir:
             return out
         for child in sorted(self.root.iterdir()):
             if child.is_dir() and not child.is_symlink() and child.name in _OWNED_DIRS:
-                n = _files_in(child)
+                n = sum(1 for _ in child.iterdir()) if child.name == "bundles" else _files_in(child)
                 setattr(out, _OWNED_DIRS[child.name], getattr(out, _OWNED_DIRS[child.name]) + n)
                 shutil.rmtree(child, ignore_errors=True)
             elif child.is_dir() and not child.is_symlink() and (_is_backend_dir(child) or child.name.startswith("tmp")

@@ -33,7 +33,8 @@ DUMP_PAIRS = 3        # this many upper-case NAME=VALUE pairs in one text make i
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/snap", "/nix",
                "/var/lib", "/System", "/Library", "/Applications", "C:\\Windows", "C:\\Program Files")
 
-_PAIR = re.compile(r"(?<![\w\-$.])([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"\n]*\"|'[^'\n]*'|[^\s,;'\"()\[\]{}]+)")
+_PAIR = re.compile(r"(?<![\w\-$.])([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"\n]*\"|'[^'\n]*'|" + re.escape(REDACTED)
+                   + r"|[^\s,;'\"()\[\]{}]+)")
 _QUOTED_PAIR = re.compile(r"(['\"])([A-Za-z_][A-Za-z0-9_]*)\1(\s*:\s*)(['\"])((?:(?!\4)[^\n])*)\4")
 _UPPER = re.compile(r"[A-Z_][A-Z0-9_]*")
 
