@@ -136,7 +136,7 @@ def check_kernel_source(source: str, language: str) -> None:
     if m:
         what = "inline assembly" if "asm" in m.group(0) else m.group(0)
         raise SourceCheckError(f"line {_line(text, m.start())}: {what} is not allowed in a kernel")
-    m = _CALL.search(text)
+    m = next((c for c in _CALL.finditer(text) if not _declares(text, c.start())), None)
     if m:
         raise SourceCheckError(f"line {_line(text, m.start())}: call to {m.group(1)}() is not allowed in a "
                                "kernel (no I/O, files, processes, network, environment or timers)")
@@ -160,6 +160,12 @@ def check_kernel_source(source: str, language: str) -> None:
         raise SourceCheckError(f"line {_line(text, m.start())}: a global device variable keeps state "
                                "between calls; kernels must be stateless")
     _check_top_level_state(text)
+
+
+def _declares(text: str, pos: int) -> bool:
+    """Whether the name at POS is being declared (a type before it: `float read(`), not called."""
+    before = re.search(r"([\w>]+)[*&]*\s+$", text[max(0, pos - 80):pos])
+    return bool(before) and before.group(1) not in ("return", "else", "do", "case", "throw", "co_return", "new")
 
 
 def _check_includes(source: str, language: str) -> None:

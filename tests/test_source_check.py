@@ -95,3 +95,56 @@ def test_cuda_kernels_may_hold_l2_prefetch_ptx_only():
 def test_other_inline_ptx_is_rejected(statement, message):
     with pytest.raises(SourceCheckError, match=message):
         check_kernel_source("__global__ void k(const char* p, long long* t) {\n    " + statement + "\n}\n", "cuda")
+
+
+# ---------------------------------------------------------------- issue 25: spellings that got around the word list
+
+@pytest.mark.parametrize("snippet, message", [
+    ('void f() { (system)("ls"); }', "system named as a value"),
+    ('void f() { auto g = &getenv; }', "getenv named as a value"),
+    ("int (*g)(const char*, int, ...) = open;", "open named as a value"),
+    ("void f(int fd) { write(fd, \"x\", 1); }", r"write\(\)"),
+    ("void f(long* o) { o[0] = gettimeofday(0, 0); }", r"gettimeofday\(\)"),
+    ("void f(long* o) { o[0] = _rdtsc(); }", "_rdtsc"),
+    ("void f() { _mm_setcsr(0); }", "_mm_setcsr"),
+    ("extern char** environ;", "environ"),
+    ('extern "C" int creat64(const char*, unsigned);', "declaration without a body"),
+    ('extern "C" { int creat64(const char*, unsigned); }', "declaration without a body"),
+    ('#define EXTC extern "C"\nvoid f() {}', "#define EXTC hides extern"),
+    ("#define CAT(a, b) a##b\nvoid f() {}", r"token pasting \(##\)"),
+    ("#define H <cstdio>\n#include H", "computed include"),
+    ("#include_next <cmath>", "#include_next"),
+    ('#include "../secret.h"', "names a path"),
+    ("#if __has_include(<cstdio>)\n#endif", "__has_include"),
+    ("__attribute__((__constructor__)) static void at_load() {}", "attribute constructor"),
+    ("[[gnu::constructor]] static void at_load() {}", "attribute constructor"),
+    ('__attribute__((section(".init_array"), used)) static void (*p)() = 0;', "attribute section"),
+    ("struct C { mutable int n; };\nconst C c{0};", "mutable member"),
+    ("int g();\nconst int k = g();", "initialized by a call"),
+    ("int g();\nnamespace {\nconst int k{g()};\n}", "initialized by a call"),
+    ("namespace a { int counter; }", "global variable"),
+    ("struct S { static inline int n = 0; };", "static variable"),
+])
+def test_issue25_spellings_are_rejected(snippet, message):
+    with pytest.raises(SourceCheckError, match=message):
+        check_kernel_source("#include <cstdint>\n" + snippet, "c++")
+
+
+@pytest.mark.parametrize("snippet", [
+    "const float a[] = {1.0f, 2.0f};\nconstexpr float b[2] = {1, 2};\nstruct P { float x; };\nconst P p{1.0f};",
+    "namespace q { constexpr int z = 3; }\ntemplate <int N> struct T { float v[N]; };",
+    'extern "C" { void k1(float* o) { o[0] = 1; } void k2(float* o) { o[0] = 2; } }',
+    "void f(float* o) { auto g = [n = 0]() mutable { return ++n; }; o[0] = g(); }",
+    "typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));",
+    "static inline __attribute__((always_inline)) float sq(float x) { return x * x; }",
+    "struct Tile { float read(int i) const { return 0.0f * i; } };\nvoid f(Tile t, float* o) { o[0] = t.read(0); }",
+])
+def test_issue25_legit_constructs_pass(snippet):
+    check_kernel_source("#include <cstdint>\n" + snippet, "c++")
+
+
+def test_shipped_cpu_kernels_pass():
+    import runpy
+    from pathlib import Path
+    for f in sorted((Path(__file__).resolve().parents[1] / "kernels_src" / "cpu").glob("*.py")):
+        check_kernel_source(runpy.run_path(str(f))["SOURCE"], "c++")
