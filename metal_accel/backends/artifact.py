@@ -55,8 +55,9 @@ def check_and_place(built: Path, artifact: Path, policy: Policy, base: Baseline)
     return verdict
 
 
-def _problem(artifact: Path, policy: Policy, base: Baseline) -> str | None:
-    """Why ARTIFACT may not be loaded as it is (None when it may). A failed binary check raises."""
+def _problem(artifact: Path, policy: Policy, base: Baseline, recheck: bool = True) -> str | None:
+    """Why ARTIFACT may not be loaded as it is (None when it may). A failed binary check raises; RECHECK False
+    (just built and checked by this process) compares the sha256 only."""
     if not artifact.exists():
         return "is missing"
     try:
@@ -70,6 +71,8 @@ def _problem(artifact: Path, policy: Policy, base: Baseline) -> str | None:
         return f"cannot be read ({e.strerror})"
     if actual != recorded:
         return "changed on disk after it was built (its sha256 differs from the build record)"
+    if not recheck:
+        return None
     try:
         check_shared_object(artifact, policy, base)
     except BinaryCheckError as e:
@@ -107,7 +110,7 @@ def ensure_artifact(artifact: Path, build: Callable[[], None] | None, policy: Po
                 break
             build()
             built_now = True
-            problem = _problem(artifact, policy, base)
+            problem = _problem(artifact, policy, base, recheck=False)
             if problem is None:
                 return True
     raise CompileError(f"the compiled kernel library {artifact.name} {problem or 'could not be built'}"
