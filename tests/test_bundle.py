@@ -13,23 +13,46 @@ import torch
 
 import metal_accel
 from metal_accel import cache as cache_mod
+from metal_accel.backends import get_backend
 from metal_accel.bundle import export_bundle, verify_bundle
+from metal_accel.cache import CacheEntry, Verdict
+from metal_accel.candidate import parse_candidate
 from metal_accel.cli import main
 from metal_accel.errors import CacheError
+from metal_accel.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from metal_accel.specs import InputSpec, OutputSpec
 
-from test_optimize import candidates, chain_report
-from toymodels import GOOD, Net
+from test_optimize import chain_report
+from toymodels import GOOD, Chain, Net
 
 pytestmark = pytest.mark.needs_cxx
 HERE = Path(__file__).parent
 
 
+@pytest.fixture(autouse=True)
+def own_key(tmp_path, monkeypatch):
+    """This user's verdict key (attest.py) in a config directory of the test's own."""
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "config"))
+
+
+def proven_entry() -> None:
+    """The user cache holds Chain's GOOD kernel with a verdict of this user's (sealed): no speed gate to pass."""
+    model, x = Net().eval(), torch.randn(4, 256)
+    spec = InputSpec.of((x,), {})
+    with torch.inference_mode():
+        out = OutputSpec.of(model.chain(x))
+    cand = parse_candidate(GOOD, "cpu", "dir:test")
+    env = get_backend("cpu").environment()
+    entry = CacheEntry(entry_key(module_fingerprint(model.chain), spec, "cpu"), "cpu", class_path(Chain),
+                       module_fingerprint(model.chain), spec, out, cand, sandbox={"ok": True},
+                       class_source_sha=class_source_sha(Chain))
+    entry.verdicts[env.id] = Verdict(env, True, "2.00x eager (test)", cand.digest, 2.0, 10.0, 5.0)
+    cache_mod.user_cache().put(entry)
+
+
 @pytest.fixture
 def bundle(tmp_path, isolated_user_cache, monkeypatch):
-    model = Net().eval()
-    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidates(tmp_path, good=GOOD)])
-    rep = chain_report(model)
-    assert rep.status == "kernel", (rep.reason, rep.rejected)
+    proven_entry()
     info = export_bundle(tmp_path / "bundle", [cache_mod.user_cache()])
     # a fresh user cache: the app's machine has only the bundle
     fresh = tmp_path / "fresh_user_cache"
@@ -59,6 +82,17 @@ def test_app_loads_pinned_bundle_and_runs_its_kernel(bundle):
 def test_wrong_lock_is_refused(bundle):
     with pytest.raises(CacheError, match="does not match the pinned"):
         metal_accel.load_cache(bundle.path, sha256="0" * 64)
+
+
+def test_unpinned_bundle_of_another_user_is_proven_here_before_it_runs(bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "config_of_the_app_user"))
+    metal_accel.load_cache(bundle.path)
+    assert verify_bundle(bundle.path).trust().startswith("only self-consistent")
+    model = Net().eval()
+    metal_accel.optimize(model, (torch.randn(4, 256),))
+    rep = chain_report(model)
+    # proven here: accepted ("re-validated here") or rejected by this machine's speed gate; never a bare install
+    assert rep.status == "eager" or rep.source.endswith("(re-validated here)"), rep
 
 
 def test_tampered_entry_is_skipped_and_reported(bundle, caplog):
@@ -100,7 +134,12 @@ def test_archive_round_trip_and_cli(bundle, tmp_path, capsys):
     assert main(["cache", "export", str(archive), "--all-caches", "--class", "Chain"]) == 0
     lock = capsys.readouterr().out.strip().splitlines()[-1].split()[-1]
     assert main(["cache", "verify", str(archive)]) == 0
-    assert "1 entries load; 0 problems" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 entries load; 0 problems" in out and "trust: sealed: all 1 verdicts" in out  # exported by this user
+    assert main(["cache", "verify", str(archive), "--sha256", lock]) == 0
+    assert "trust: pinned" in capsys.readouterr().out
+    assert main(["cache", "verify", str(archive), "--sha256", "0" * 64]) == 1
+    assert "NOT the pinned bundle" in capsys.readouterr().out
     assert main(["cache", "import", str(archive)]) == 0
     assert len(list(cache_mod.user_cache().entries("cpu"))) == 1
     cache_mod._loaded.clear()
