@@ -19,6 +19,12 @@ from metal_accel.specs import InputSpec, OutputSpec
 from toymodels import GOOD
 
 
+@pytest.fixture(autouse=True)
+def own_key(tmp_path, monkeypatch):
+    """This user's verdict key (attest.py) in a config directory of the test's own."""
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "config"))
+
+
 def make_entry(key: str = "a" * 32, code: str = GOOD) -> CacheEntry:
     x = torch.randn(2, 8)
     cand = parse_candidate(code, "cpu", "test")
@@ -114,4 +120,55 @@ def test_cache_ls_show_clear(capsys):
     assert main(["cache", "show", "zzzz"]) == 1
     assert main(["cache", "clear", "--yes"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
+    assert not any(p.is_file() for p in cache_mod.user_cache().root.rglob("*"))
     assert cache_mod.user_cache().get("cpu", "a" * 32) is None
+
+
+def test_verdict_key_is_private_and_made_once(tmp_path):
+    from metal_accel import attest
+    assert attest.user_key() == attest.user_key()
+    path = attest.key_path()
+    assert path.parent == tmp_path / "config" and len(path.read_bytes()) == 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert not any(p.name == attest.KEY_NAME for p in cache_mod.user_cache().root.rglob("*"))  # never in a cache
+
+
+def test_a_seal_binds_entry_environment_and_content(tmp_path):
+    env = get_backend("cpu").environment()
+    c = CacheDir(tmp_path / "c", writable=True, name="t")
+    c.put(make_entry())
+    got = c.get("cpu", "a" * 32)
+    assert got.verdict_for(env) is not None and got.verdicts[env.id].seal
+    doc = got.to_dict()
+    moved = CacheEntry.from_dict({**doc, "key": "b" * 32})  # the same sealed verdict under another entry
+    assert moved.verdict_for(env) is None
+    doc["verdicts"][env.id]["reason"] = "2.50x eager"
+    assert CacheEntry.from_dict(doc).verdict_for(env) is None
+    unsealed = make_entry().to_dict()  # written by someone else: no seal
+    assert CacheEntry.from_dict(unsealed).verdict_for(env) is None
+
+
+def test_ls_marks_claims(capsys, monkeypatch, tmp_path):
+    cache_mod.user_cache().put(make_entry())
+    assert main(["cache", "ls", "--cache", "user"]) == 0
+    assert "ok 1.50x" in (out := capsys.readouterr().out) and "(claim)" not in out
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "someone_else"))
+    assert main(["cache", "ls", "--cache", "user"]) == 0
+    assert "ok 1.50x (claim)" in capsys.readouterr().out
+
+
+def test_environment_faults_are_not_remembered_as_rejections():
+    from metal_accel.cache import environment_fault
+    assert environment_fault("compile error: the compiled kernel library ab12.so is truncated or corrupt and "
+                             "rebuilding it did not help; it is not loaded")
+    assert environment_fault("compile error: BackendUnavailableError: no C++ compiler found (set CXX)")
+    assert not environment_fault("compile error: C++ compilation failed (g++, exit 1):\nkernel.cpp:3: error: x")
+    assert not environment_fault("incorrect: output 0 differs from eager at 12 of 1024 elements")
+    entry = make_entry()
+    env = get_backend("cpu").environment()
+    entry.verdicts[env.id] = Verdict(env, False, "compile error: cannot load compiled kernel library x.so: bad ELF",
+                                     entry.candidate.digest)
+    entry.rejected = [{"digest": entry.candidate.digest, "origin": "o", "reason": entry.verdicts[env.id].reason}]
+    cache_mod.user_cache().put(entry)
+    got = cache_mod.user_cache().get("cpu", entry.key)
+    assert got.verdicts == {} and got.rejected == []
