@@ -49,6 +49,7 @@ LOAD_TIMEOUT_S = 120.0
 MIN_CALL_LIMIT_S = 30.0   # a call may take this long, or 100x the slowest call of its library so far
 SLOW_FACTOR = 100.0
 ARENA_MIN = 1 << 20
+MAX_REPLY = 1 << 20
 ALIGN = 64                # a region keeps its address modulo this: aligned tensors stay aligned
 
 
@@ -130,7 +131,8 @@ class _Process:
         self.arena_view = None
         if self.arena is not None:
             self.arena.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if os.getpid() == self.pid:  # a forked child leaves its parent's server alone
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def send(self, op: int, lib: int, kernel: int, payload: bytes = b"") -> None:
         self.sock.sendall(HEAD.pack(len(payload), op, lib, kernel) + payload)
@@ -148,6 +150,8 @@ class _Process:
                     raise ConnectionResetError
                 got += more
             size, status, _, _ = HEAD.unpack(self.head)
+            if size > MAX_REPLY:
+                raise ConnectionResetError  # not a reply this protocol sends: a broken or hostile server
             payload = b""
             while len(payload) < size:
                 chunk = self.sock.recv(size - len(payload))
@@ -270,8 +274,10 @@ class RemoteLibrary(BoundKernels):
     _ids = 0
 
     def __init__(self, backend: Backend, source: str) -> None:
-        RemoteLibrary._ids += 1
-        self._id, self._backend, self._source = RemoteLibrary._ids, backend.name, source
+        with _lock:
+            RemoteLibrary._ids += 1
+            self._id = RemoteLibrary._ids
+        self._backend, self._source = backend.name, source
         build = getattr(backend, "build", None)  # compiles and checks without loading; else compile() loads too
         (build if callable(build) else backend.compile)(source)
         self._build_dir = str(config.build_dir())
