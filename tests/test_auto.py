@@ -168,19 +168,23 @@ print(json.dumps({{"hits": auto.hits if auto else 0, "failures": auto.failures i
 """
 
 
-def test_import_alone_runs_a_cached_torch_compile_verdict(isolated_user_cache, monkeypatch):
+def test_import_alone_leaves_a_cached_torch_compile_verdict_to_optimize(isolated_user_cache, monkeypatch):
+    """A torch.compile verdict is not a kernel `import metal_accel` may run: compiling on the first call of
+    whatever module of that class and shape comes along would stall a path the user never optimized."""
     from test_compile_candidate import LongChain
     monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
     model = LongChain().eval()
     metal_accel.optimize(model, (torch.randn(64, 1024),), progress=False)
     assert metal_accel.explain(model).modules[0].status == "compile"
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
-    out = subprocess.run([sys.executable, "-c", COMPILED_USE.format(here=str(HERE))], env=env, capture_output=True,
-                         text=True, timeout=600)
+    script = COMPILED_USE.format(here=str(HERE)).replace(
+        "hook.deactivate()", "patched = [c.__name__ for c in hook.patched_classes()]\nhook.deactivate()").replace(
+        '"max_err":', '"patched": patched, "max_err":')
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["ops"] == ["CompiledOp"] and res["hits"] == 2 and res["failures"] == {}, (res, out.stderr[-2000:])
-    assert res["max_err"] < 1e-4
+    assert res["patched"] == [] and res["ops"] == [] and res["hits"] == 0, (res, out.stderr[-2000:])
+    assert res["max_err"] == 0.0
 
 
 USER_COMPILES = """
