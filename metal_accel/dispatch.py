@@ -1,14 +1,16 @@
 """The dispatcher that replaces a module's forward: input spec -> kernel op, else the original forward."""
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from .keys import class_source
 from .ops import KernelOp, ModuleLayout, _is_compiling
-from .specs import call_signature
+from .specs import UnsupportedCall, call_signature
 
 
 log = logging.getLogger(__name__)
@@ -63,8 +65,10 @@ class Dispatcher:
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: dict[tuple, KernelOp | None] = {}
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
-        # kernels are proven with every module of the subtree in eval mode; in training mode it runs eager
-        self._subtree = tuple(module.modules())
+        # kernels are proven with the subtree in eval mode; in training mode it runs eager. The flags watched:
+        # the module's own, and those of descendants whose code reads theirs (BatchNorm, Dropout, ...)
+        self._mode_flags = tuple(m.__dict__ for i, m in enumerate(module.modules())
+                                 if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
@@ -98,8 +102,8 @@ class Dispatcher:
 
     def in_training(self) -> bool:
         """True when the module or one of its descendants is in training mode: kernels are for eval only."""
-        for m in self._subtree:
-            if m.training:
+        for flags in self._mode_flags:  # instance dicts: a third of the cost of attribute lookups
+            if flags["training"]:
                 return True
         return False
 
@@ -133,6 +137,16 @@ class Dispatcher:
             return self.original(*args, **kwargs)
         self.hits += 1
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def reads_training(cls: type) -> bool:
+    """Whether the class's code (its methods and the module-level functions they call) mentions its
+    training flag; True where the source cannot be read."""
+    try:
+        return "training" in class_source(cls)
+    except UnsupportedCall:
+        return True
 
 
 def _first_shapes(table: dict[tuple, Any]) -> frozenset | None:
