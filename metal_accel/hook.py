@@ -1,7 +1,11 @@
 """Zero-code use: `import metal_accel` patches the module classes that the active caches name.
 
-A class is patched when its module is imported (at once if it already is), and only if its
-source still hashes to what the cache recorded, so a changed library never gets a stale kernel.
+A class is patched when its module is imported (at once if it already is), only if some cache entry
+holds a kernel that may run here (build_plans: accepted on this machine, or elsewhere under first-use;
+never a rejected entry, never a cached torch.compile, which only optimize() installs), and only if its
+source still hashes to what the cache recorded, so a changed library never gets a stale kernel. The new
+forward is invisible to TorchScript (torch.jit.script compiles the original: _script_transparent) and
+steps aside under torch.jit.trace, torch.compile and in training mode.
 The patched forward costs a shape check per call; calls whose first tensor's shape appears in no
 cache entry go straight to the original. Others get a per-instance Dispatcher that resolves each
 new input signature once: a cached kernel proven in this environment is installed; one proven
