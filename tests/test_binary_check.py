@@ -192,3 +192,41 @@ def test_diagnostics_quote_only_the_kernel():
     msg = str(info.value)
     assert "kernel.cpp:2" in msg and "/usr/" not in msg and str(Path.home()) not in msg
     assert str(config.user_cache_dir()) not in msg
+
+
+# ---------------------------------------------------------------- CUDA: device globals in the compiled module
+
+PTX_HEAD = ".version 8.0\n.target sm_90\n.address_size 64\n"
+PTX_KERNEL = (".visible .entry k(.param .u64 k_param_0)\n{\n  .reg .f32 %f<2>;\n  .reg .b64 %rd<2>;\n"
+              "  ld.param.u64 %rd1, [k_param_0];\n  ld.global.f32 %f1, [%rd1];\n  st.global.f32 [%rd1], %f1;\n  ret;\n}\n")
+
+
+@pytest.mark.parametrize("decl, name", [
+    (".global .align 4 .u32 counter;\n", "counter"),
+    (".visible .global .align 4 .b8 memo[64] = {0};\n", "memo"),
+    (".extern .global .align 8 .u64 clock_seen;\n", "clock_seen"),
+])
+def test_ptx_device_globals_are_rejected(decl, name):
+    from metal_accel.backends.cuda_nvrtc import check_device_state, device_state
+    assert device_state((PTX_HEAD + decl + PTX_KERNEL).encode(), cubin=False) == \
+        f"the PTX declares the device global variable {name}"
+    with pytest.raises(BinaryCheckError, match=f"binary check: .*{name}.*stateless"):
+        check_device_state((PTX_HEAD + decl + PTX_KERNEL).encode(), cubin=False)
+
+
+def test_ptx_without_device_globals_passes():
+    from metal_accel.backends.cuda_nvrtc import device_state
+    const = ".const .align 4 .f32 scale = 0f3F800000;\n.shared .align 4 .b8 tile[128];\n"
+    assert device_state((PTX_HEAD + const + PTX_KERNEL).encode(), cubin=False) is None
+
+
+def test_cubin_global_sections_are_rejected(tmp_path):
+    from metal_accel.backends.cuda_nvrtc import device_state
+    # an ELF with a .nv.global section stands in for a cubin (no NVRTC here)
+    obj = tmp_path / "g.o"
+    (tmp_path / "g.s").write_text('.section .nv.global,"aw",@nobits\n.zero 4\n')
+    subprocess.run(["as", str(tmp_path / "g.s"), "-o", str(obj)], check=True)
+    assert ".nv.global" in device_state(obj.read_bytes(), cubin=True)
+    plain = build(tmp_path, TAIL)
+    assert device_state(plain.read_bytes(), cubin=True) is None
+    assert "not a readable ELF" in device_state(b"junk", cubin=True)
