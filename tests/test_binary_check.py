@@ -56,7 +56,6 @@ def check(path: Path, policy=CPU) -> None:
     ('#include <cpuid.h>\nextern "C" void k(unsigned* o) { __get_cpuid(0, o, o + 1, o + 2, o + 3); }', "cpuid"),
     ('#include <xmmintrin.h>\nextern "C" void k(float* o) { _mm_setcsr(0x9fc0); o[0] = 1; }', "floating-point control"),
     ('#define A(x) a##x\nextern "C" void k(float* o) { A(sm)("syscall"); }', "syscall"),
-    ('extern "C" void k(unsigned* o) { o[0] = 0x050f; }', "bytes of syscall"),
     ('#include <cstdlib>\n__attribute__((__constructor__)) static void at_load() { void* volatile p = malloc(8); free(p); }'
      + TAIL, ".init_array"),
     ('#include <cstdlib>\n[[gnu::constructor]] static void at_load() { void* volatile p = malloc(8); free(p); }' + TAIL,
@@ -83,6 +82,11 @@ def test_rejected_constructs_name_what_was_found(tmp_path, source, found):
 def test_shipped_cpu_kernels_pass(tmp_path, name):
     check(build(tmp_path, runpy.run_path(str(KERNELS_SRC / f"{name}.py"))["SOURCE"]
                 .replace('"ma_vecmath.h"', f'"{config.include_dir() / "ma_vecmath.h"}"')))
+
+
+def test_syscall_bytes_inside_an_immediate_are_not_an_instruction(tmp_path):
+    """0f 05 inside a constant is data to a linear sweep: legit kernels hold such bytes (documented limit)."""
+    check(build(tmp_path, 'extern "C" void k(unsigned* o) { o[0] = 0x050f; }'))
 
 
 def test_toy_chain_and_stdlib_kernels_pass(tmp_path):
