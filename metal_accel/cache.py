@@ -76,6 +76,16 @@ class Verdict:
                    measured_at=float(d.get("measured_at", 0.0)), seal=str(d.get("seal", "")), fresh=False)
 
 
+def sealed_verdict(entry_key: str, candidate_digest: str, env_id: str, raw: Any) -> bool:
+    """Whether RAW (one verdict as stored in an entry file's "verdicts") carries this user's seal for this
+    entry, candidate and environment: for readers of plain JSON (hook.py) that need not parse the entry."""
+    try:
+        v = Verdict.from_dict(raw)
+    except (MetalAccelError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return attest.verify(entry_key, candidate_digest, env_id, v.content(), v.seal)
+
+
 # Rejections that say something about this machine, not the kernel: never remembered as the kernel's.
 _ENVIRONMENT_FAULTS = re.compile(
     r"compiled kernel library \S+ (is missing|has no readable build record|cannot be read|changed on disk"

@@ -172,3 +172,15 @@ def test_environment_faults_are_not_remembered_as_rejections():
     cache_mod.user_cache().put(entry)
     got = cache_mod.user_cache().get("cpu", entry.key)
     assert got.verdicts == {} and got.rejected == []
+
+
+def test_sealed_verdict_reads_plain_json():
+    from metal_accel.cache import sealed_verdict
+    env = get_backend("cpu").environment()
+    path = cache_mod.user_cache().put(make_entry())
+    data = json.loads(path.read_text())
+    digest = data["candidate"]["digest"]
+    assert sealed_verdict("a" * 32, digest, env.id, data["verdicts"][env.id])
+    assert not sealed_verdict("b" * 32, digest, env.id, data["verdicts"][env.id])
+    assert not sealed_verdict("a" * 32, digest, env.id, {**data["verdicts"][env.id], "seal": ""})
+    assert not sealed_verdict("a" * 32, digest, env.id, "garbage")
