@@ -121,10 +121,12 @@ def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     start = time.perf_counter()
     rep = rejected = 0
     rotation = _Rotation(len(input_sets), check_every)
+    extra = 0
     while True:
         finishing = rep >= max_reps or (rep >= min_reps and time.perf_counter() - start >= budget_s)
-        if finishing and (check is None or not rotation.unchecked):
+        if finishing and (check is None or not rotation.unchecked or extra >= 4 * len(input_sets)):
             break
+        extra += finishing
         which, checked = rotation.next(finishing)
         args, kwargs = input_sets[which]
         order = (eager, kernel) if rep % 2 == 0 else (kernel, eager)

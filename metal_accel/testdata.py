@@ -14,7 +14,9 @@ SPECIAL = "special"  # zeros, negatives, large magnitudes, NaN, +-Inf and denorm
 STRUCTURED = "structured"  # rows (along the last dimension) of ROW_KINDS among normal ones: see _structure
 # what real inputs hold and random ones never do: zero-padded rows (16 or more zeros at the start, or at the
 # end, or all zeros), all-equal rows, ramps, few repeated values, 0/1 masks, rows at the dtype's extremes
-# (integers: the ends of the observed range; floats: scaled by 2**(+-maxexp/4), so a square stays finite)
+# (integers: the ends of the observed range; floats: scaled down by 2**(maxexp/4). Scaled up, a row would set
+# the scale of compare.py's tolerance for the whole output and hide errors in every other row: EXTREMES)
+EXTREMES = "extremes"  # normal values scaled by 2**(maxexp/4) (float32: 4.3e9; a square stays finite)
 ROW_KINDS = ("padded", "constant", "ramp", "repeated", "mask", "extremes")
 PAD = 16  # zeros a padded row starts with, at least
 
@@ -48,6 +50,8 @@ def _shaped(base: torch.Tensor, dist: str, dtype: torch.dtype) -> torch.Tensor:
     scale = {"large": 64.0, "small": 1e-3}.get(dist, 1.0)
     if dtype in (torch.float16, torch.bfloat16):
         scale = min(scale, 16.0)
+    if dist == EXTREMES:
+        scale = 2.0 ** _extreme_exponent(dtype)
     return base.mul_(scale).to(dtype)
 
 
@@ -159,9 +163,11 @@ def _float_rows(view: torch.Tensor, kind: str, gen: torch.Generator) -> None:
     elif kind == "mask":
         view.gt_(0)
     else:
-        e = math.frexp(torch.finfo(view.dtype).max)[1] // 4
-        up = torch.randint(0, 2, (r, 1), generator=gen).double() * 2 - 1
-        view.mul_(torch.pow(2.0, up * e).to(view.dtype))
+        view.mul_(2.0 ** -_extreme_exponent(view.dtype))
+
+
+def _extreme_exponent(dtype: torch.dtype) -> int:
+    return math.frexp(torch.finfo(dtype).max)[1] // 4
 
 
 def _int_rows(view: torch.Tensor, kind: str, lo: int, hi: int, gen: torch.Generator) -> None:

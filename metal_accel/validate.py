@@ -19,7 +19,7 @@ import torch
 
 from .compare import Mismatch, compare_output
 from .specs import InputSpec
-from .testdata import DISTRIBUTIONS, ROW_KINDS, SPECIAL, STRUCTURED, make_inputs
+from .testdata import DISTRIBUTIONS, EXTREMES, ROW_KINDS, SPECIAL, STRUCTURED, make_inputs
 from .trial_buffers import input_copies, input_violation, next_fill, proof_call
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,13 @@ RunTrials = Callable[[list[Trial]], list[dict[str, Any]] | str]  # the candidate
 
 
 def default_dists(spec: InputSpec) -> tuple[str, ...]:
-    """The random distributions, special values and structured rows: two structured trials where the first
-    tensor has fewer rows than there are ROW_KINDS, so more kinds meet the candidate."""
+    """The random distributions, special values, values at the dtype's extremes and structured rows: two
+    structured trials where the first tensor has fewer rows than there are ROW_KINDS, so more kinds meet
+    the candidate."""
     tensors = spec.tensor_specs()
     shape = tensors[0].shape if tensors else ()
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    return (*DISTRIBUTIONS, SPECIAL, STRUCTURED) + ((STRUCTURED,) if rows < len(ROW_KINDS) else ())
+    return (*DISTRIBUTIONS, SPECIAL, EXTREMES, STRUCTURED) + ((STRUCTURED,) if rows < len(ROW_KINDS) else ())
 
 
 def trial_plan(spec: InputSpec, dists: Sequence[str] | None = None) -> list[tuple[InputSpec, str]]:

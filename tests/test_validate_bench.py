@@ -25,8 +25,9 @@ def test_exact_reimplementation_passes():
         return e / e.sum(-1, keepdim=True)
     res = validate(softmax, cand, SPEC, device="cpu")
     assert res.ok, res.reason
-    # five distributions, the special-values trial and two structured ones (4 rows: fewer than the row kinds)
-    assert res.trials == 8
+    # five distributions, special values, the dtype's extremes and two structured trials (4 rows: fewer than
+    # the row kinds)
+    assert res.trials == 9
 
 
 def test_all_zero_output_fails_on_long_softmax_rows():
