@@ -7,9 +7,10 @@ directory, so a copied, shared or shipped cache carries no key and its verdicts 
 
     <config dir>/verdict.key   32 random bytes, mode 0600, created once (atomically)
 
-The seal binds the entry key, the entry's candidate digest, the environment id the verdict is
-stored under and the verdict's whole content: moving a sealed verdict to another entry, candidate
-or environment, or editing any of its fields, breaks it.
+The seal binds the entry key, the entry's candidate digest, what else of the entry decides behaviour
+(its specs, module class and fingerprint: `subject`), the environment id the verdict is stored under
+and the verdict's whole content (launch settings included): moving a sealed verdict to another entry,
+candidate or environment, or editing any of these fields, breaks it.
 """
 from __future__ import annotations
 
@@ -108,24 +109,29 @@ def user_key() -> bytes | None:
         return key
 
 
-def _message(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any]) -> bytes:
-    doc = {"v": SEAL_VERSION, "entry": entry_key, "candidate": candidate_digest, "env": env_id, "verdict": content}
+def _message(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any],
+             subject: dict[str, Any] | None) -> bytes:
+    doc = {"v": SEAL_VERSION, "entry": entry_key, "candidate": candidate_digest, "env": env_id, "verdict": content,
+           "subject": subject or {}}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
 
 
-def seal(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any]) -> str:
+def seal(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any],
+         subject: dict[str, Any] | None = None) -> str:
     """The seal of one verdict's CONTENT (its to_dict without the seal), or '' when there is no key."""
     key = user_key()
     if key is None:
         return ""
-    return hmac.new(key, _message(entry_key, candidate_digest, env_id, content), hashlib.sha256).hexdigest()
+    message = _message(entry_key, candidate_digest, env_id, content, subject)
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def verify(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any], mark: str) -> bool:
-    """Whether MARK is this user's seal of exactly this verdict, entry, candidate and environment."""
+def verify(entry_key: str, candidate_digest: str, env_id: str, content: dict[str, Any], mark: str,
+           subject: dict[str, Any] | None = None) -> bool:
+    """Whether MARK is this user's seal of exactly this verdict, entry (and SUBJECT), candidate and environment."""
     if not mark:
         return False
-    expected = seal(entry_key, candidate_digest, env_id, content)
+    expected = seal(entry_key, candidate_digest, env_id, content, subject)
     return bool(expected) and hmac.compare_digest(expected, mark)
 
 

@@ -76,14 +76,13 @@ class Verdict:
                    measured_at=float(d.get("measured_at", 0.0)), seal=str(d.get("seal", "")), fresh=False)
 
 
-def sealed_verdict(entry_key: str, candidate_digest: str, env_id: str, raw: Any) -> bool:
-    """Whether RAW (one verdict as stored in an entry file's "verdicts") carries this user's seal for this
-    entry, candidate and environment: for readers of plain JSON (hook.py) that need not parse the entry."""
+def sealed_verdict(entry_doc: Any, env_id: str) -> bool:
+    """Whether the verdict for ENV_ID in ENTRY_DOC (an entry file's JSON, parsed) carries this user's seal:
+    for readers of plain JSON (hook.py). The entry is parsed, so its host code is checked too."""
     try:
-        v = Verdict.from_dict(raw)
+        return CacheEntry.from_dict(entry_doc).proven(env_id)
     except (MetalAccelError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return attest.verify(entry_key, candidate_digest, env_id, v.content(), v.seal)
 
 
 # Rejections that say something about this machine, not the kernel: never remembered as the kernel's.
@@ -128,17 +127,25 @@ class CacheEntry:
         v = self.verdicts.get(env_id)
         if v is None:
             return False
-        return v.fresh or self.vouched or attest.verify(self.key, self._candidate_digest(), env_id, v.content(), v.seal)
+        return v.fresh or self.vouched or attest.verify(self.key, self._candidate_digest(), env_id, v.content(), v.seal,
+                                                        self.subject())
 
     def _candidate_digest(self) -> str:
         return self.candidate.digest if self.candidate is not None else ""
+
+    def subject(self) -> dict[str, Any]:
+        """What of the entry besides its candidate decides how the kernel runs here (bound by every seal)."""
+        return {"backend": self.backend, "module_class": self.module_class,
+                "module_fingerprint": self.module_fingerprint, "class_source_sha": self.class_source_sha,
+                "input_spec": self.input_spec.to_dict(with_hints=False),
+                "output_spec": self.output_spec.to_dict() if self.output_spec else None}
 
     def seal_fresh(self) -> None:
         """Scrub and seal the verdicts this process made (never those read from a file): only they are proof."""
         for env_id, v in self.verdicts.items():
             if v.fresh:
                 v.scrub()
-                v.seal = attest.seal(self.key, self._candidate_digest(), env_id, v.content())
+                v.seal = attest.seal(self.key, self._candidate_digest(), env_id, v.content(), self.subject())
 
     def to_dict(self) -> dict[str, Any]:
         cand = None

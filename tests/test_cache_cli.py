@@ -179,8 +179,9 @@ def test_sealed_verdict_reads_plain_json():
     env = get_backend("cpu").environment()
     path = cache_mod.user_cache().put(make_entry())
     data = json.loads(path.read_text())
-    digest = data["candidate"]["digest"]
-    assert sealed_verdict("a" * 32, digest, env.id, data["verdicts"][env.id])
-    assert not sealed_verdict("b" * 32, digest, env.id, data["verdicts"][env.id])
-    assert not sealed_verdict("a" * 32, digest, env.id, {**data["verdicts"][env.id], "seal": ""})
-    assert not sealed_verdict("a" * 32, digest, env.id, "garbage")
+    assert sealed_verdict(data, env.id)
+    assert not sealed_verdict({**data, "key": "b" * 32}, env.id)
+    assert not sealed_verdict({**data, "output_spec": {**data["output_spec"], "single": False}}, env.id)
+    data["verdicts"][env.id]["seal"] = ""
+    assert not sealed_verdict(data, env.id)
+    assert not sealed_verdict("garbage", env.id)
