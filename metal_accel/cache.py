@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,8 @@ from .candidate import Candidate
 from .errors import CacheError, MetalAccelError
 from .sandbox_check import check_host_code
 from .source_check import LANGUAGE_OF_BACKEND, check_kernel_source
-from .cache_index import INDEX_NAME, atomic_write, update_index
+from .cache_clear import OWNED_DIRS, Cleared, clear_dir
+from .cache_index import atomic_write, update_index
 from .redact import redact, redact_obj
 from .specs import InputSpec, OutputSpec
 
@@ -206,35 +206,6 @@ def read_entry(path: Path, origin: str) -> CacheEntry | None:
     return entry
 
 
-@dataclass
-class Cleared:
-    """What `CacheDir.clear` removed, and what it left because it did not make it."""
-
-    entries: int = 0
-    artifacts: int = 0       # files under build/: compiled kernels, their sources, build records, locks
-    bundles: int = 0         # bundles unpacked by load_cache
-    recordings: int = 0      # METAL_ACCEL_RECORD files
-    other: int = 0           # index, locks, temporary files
-    left: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        parts = [f"{self.entries} entries", f"{self.artifacts} build files (compiled kernels and their records)",
-                 f"{self.bundles} unpacked bundles",
-                 f"{self.recordings} recordings", f"{self.other} index, lock and temporary files"]
-        out = "removed " + ", ".join(parts)
-        if self.left:
-            out += f"; left {len(self.left)} paths metal_accel did not make: " + ", ".join(self.left[:5])
-        return out
-
-
-# Top-level names a user cache owns besides its backend directories (build: compiled kernels).
-_OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings"}
-
-
-def _files_in(path: Path) -> int:
-    return sum(1 for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else 0
-
-
 class CacheDir:
     """One cache directory. Writes (user cache only) are atomic and serialized by a file lock.
 
@@ -307,7 +278,7 @@ class CacheDir:
     def entries(self, backend: str | None = None) -> Iterator[CacheEntry]:
         dirs = [self.root / backend] if backend else sorted(p for p in self.root.glob("*") if p.is_dir())
         for d in dirs:
-            if d.name in _OWNED_DIRS:
+            if d.name in OWNED_DIRS:
                 continue
             for path in sorted(d.glob("*.json")):
                 entry = self._read(path)
@@ -319,36 +290,7 @@ class CacheDir:
         unpacked bundles, recordings. Files it did not make are left, and listed."""
         if not self.writable:
             raise CacheError(f"cache {self.root} is read-only")
-        out = Cleared()
-        if not self.root.is_dir():
-            return out
-        for child in sorted(self.root.iterdir()):
-            if child.is_dir() and not child.is_symlink() and child.name in _OWNED_DIRS:
-                n = sum(1 for _ in child.iterdir()) if child.name == "bundles" else _files_in(child)
-                setattr(out, _OWNED_DIRS[child.name], getattr(out, _OWNED_DIRS[child.name]) + n)
-                shutil.rmtree(child, ignore_errors=True)
-            elif child.is_dir() and not child.is_symlink() and (_is_backend_dir(child) or child.name.startswith("tmp")
-                                                                 and _leftover_unpack(child)):
-                out.entries += sum(1 for _ in child.glob("*.json"))
-                out.other += sum(1 for f in child.iterdir() if not f.name.endswith(".json"))
-                shutil.rmtree(child, ignore_errors=True)
-            elif child.is_file() and (child.name.startswith((INDEX_NAME, ".tmp-"))):
-                child.unlink(missing_ok=True)
-                out.other += 1
-            else:
-                out.left.append(str(child))
-        return out
-
-
-def _leftover_unpack(d: Path) -> bool:
-    """A temporary directory bundle.unpack left behind (empty, or holding an extracted bundle/)."""
-    return not any(d.iterdir()) or (d / "bundle").is_dir()
-
-
-def _is_backend_dir(d: Path) -> bool:
-    """A directory of entries: only <key>.json files, their locks and temporary files from atomic writes."""
-    return all(f.is_file() and (f.suffix == ".json" or f.name.endswith(".json.lock") or f.name.startswith(".tmp-"))
-               for f in d.iterdir())
+        return clear_dir(self.root)
 
 
 def _merge(old: CacheEntry | None, new: CacheEntry) -> CacheEntry:
