@@ -341,3 +341,32 @@ def test_numbered_child_index_must_name_a_child_at_run_time() -> None:
     with pytest.raises(IndexError):
         view.layers[0][0]  # a Linear has no numbered children
     assert len(view.layers) == 3 and len(view.layers[2]) == 2 and len(view.layers[0]) == 0
+
+
+_INPLACE_HEAD = "SOURCE = ''\ndef forward(module, x, dim=1):\n    "
+
+
+@pytest.mark.parametrize("body", [
+    "w = module.scale\n    w.mul_(1.0001)\n    return x", "x.add_(0)\n    return x", "x += 0\n    return x",
+    "y = x\n    y += 1\n    return y", "y = x.contiguous()\n    y.clamp_(0)\n    return y", "x[0] = 1.0\n    return x",
+    "y = x.view(-1)\n    y[0] = 1.0\n    return x", "torch.clamp(x, 0, 1, out=x)\n    return x",
+    "return F.relu(x, inplace=True)", "for t in (x, module.scale):\n        t.zero_()\n    return x",
+    "y = max(x, module.scale)\n    y.zero_()\n    return x", "y = x.T\n    y.fill_(0)\n    return x",
+    "dim += 1\n    return x", "return x.new_empty(3)",
+])
+def test_in_place_updates_of_what_the_function_did_not_make_are_rejected(body):
+    with pytest.raises(SandboxError):
+        check_host_code(_INPLACE_HEAD + body + "\n")
+
+
+@pytest.mark.parametrize("body", [
+    "out = torch.empty_like(x)\n    out.fill_(0)\n    out[0] = 1.0\n    out += 1\n    return out",
+    "out = torch.zeros(3)\n    out.narrow(0, 0, 1).copy_(x[:1])\n    return out",
+    "y = x * 2\n    y += 1\n    y.clamp_(0)\n    return y", "y = module.scale * x\n    y.add_(1)\n    return y",
+    "n = x.shape[-1]\n    n //= 2\n    k = 1\n    for s in x.shape:\n        k *= s\n    return x[:n]",
+    "y = x.clone()\n    y.mul_(2)\n    return y", "t = F.linear(x, module.scale)\n    t.add_(F.relu(x))\n    return t",
+    "o = torch.empty_like(x)\n    torch.clamp(x, 0, 1, out=o)\n    return o",
+    "y = torch.matmul(x, x)\n    return F.relu(y, inplace=True)",
+])
+def test_in_place_updates_of_tensors_the_function_made_are_allowed(body):
+    check_host_code(_INPLACE_HEAD + body + "\n")
