@@ -22,6 +22,7 @@ from .errors import MetalAccelError
 from .model_state import StateGuard
 from .pipeline import Pipeline
 from .prove import ProofSettings
+from .redact import redact
 from .worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
 from .synth.base import CandidateProvider, Evaluation
@@ -156,7 +157,7 @@ def explain(model: nn.Module) -> OptimizeReport:
     for m in report.modules:
         disp = dispatcher_of(modules[m.name]) if m.name in modules else None
         if m.status != "eager" and disp is not None and disp.failures and not disp.table:
-            m.status, m.reason = "eager", f"{m.status} failed at run time: " + "; ".join(disp.failures.values())
+            m.status, m.reason = "eager", f"{m.status} failed at run time: " + redact("; ".join(disp.failures.values()))
     annotate(report, model)
     return report
 

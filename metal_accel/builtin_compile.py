@@ -21,6 +21,7 @@ from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
 from .errors import CacheError
+from .native_policy import runtime_library
 from .ops import KernelOp, kernel_op
 from .prove import (ProofSettings, backend_timer, float64_reference, kernels_only, prove, streamed_proof,
                     timing_inputs)
@@ -189,7 +190,7 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
     if cand.is_builtin:
         compiled = CompiledOp(module, f"compile_{key[:16]}")
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
-    from .native_policy import runtime_library; lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
+    lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
                    backend.device_type)
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":

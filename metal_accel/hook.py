@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from . import dispatch
+from .cache import sealed_verdict
 from .cache_index import read_index
 from .dispatch import ORIGINAL_FORWARDS, Dispatcher
 from .ops import KernelOp, _is_compiling
@@ -93,7 +94,7 @@ def build_plans() -> dict[str, ClassPlan]:
             seen.add((backend, key))
             if not record.get("class_source_sha") or not record.get("accepted_envs"):
                 continue
-            if not _runs_here(cache.root / backend / f"{key}.json", envs[backend], first_use):
+            if not _runs_here(cache.root / backend / f"{key}.json", envs[backend], first_use, cache.pin is not None):
                 continue
             plan = plans.setdefault(record["module_class"],
                                     ClassPlan(record["module_class"], record["class_source_sha"]))
@@ -115,10 +116,11 @@ def _environment_ids(backends: list[str]) -> dict[str, str]:
     return ids
 
 
-def _runs_here(path: Path, env_id: str, first_use: bool) -> bool:
-    """Whether the entry at PATH holds a kernel (not a built-in) accepted in ENV_ID, or, with FIRST_USE,
-    accepted elsewhere and not yet judged here. Read as plain JSON: this only narrows what is patched;
-    the entry is checked in full when a call resolves it."""
+def _runs_here(path: Path, env_id: str, first_use: bool, vouched: bool = False) -> bool:
+    """Whether the entry at PATH holds a kernel (not a built-in) proven in ENV_ID (a verdict sealed by this
+    user's key, or VOUCHED for by a pinned bundle), or, with FIRST_USE, accepted somewhere (a claim, here or
+    elsewhere) and not yet proven here. Read as plain JSON: this only narrows what is patched; the entry is
+    checked in full when a call resolves it."""
     try:
         data = json.loads(path.read_text())
         cand = data.get("candidate") or {}
@@ -129,7 +131,7 @@ def _runs_here(path: Path, env_id: str, first_use: bool) -> bool:
         accepted = {k for k, v in verdicts.items() if v.get("accepted") and v.get("candidate_digest") == digest}
     except (OSError, ValueError, AttributeError, TypeError):
         return False
-    if env_id in verdicts:
+    if env_id in verdicts and (vouched or sealed_verdict(data, env_id)):
         return env_id in accepted
     return first_use and bool(accepted)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from . import config, confine
 from .backends import available_backends, get_backend
-from .worker import _prepare
+from .worker import prepare as prepare_backend
 
 HEAD = struct.Struct("<IBII")   # payload bytes, op (client) or status (server), library id, kernel index
 OP_LOAD, OP_ARENA, OP_CALL = 1, 2, 3
@@ -59,7 +59,7 @@ def prepare() -> None:
     and the toolchain baseline (they run the compiler, which the sandbox forbids)."""
     for name in available_backends():
         if name in ("cpu", "mps-emu"):
-            _prepare(name, "cpu")
+            prepare_backend(name, "cpu")
 
 
 class _FpGuard:

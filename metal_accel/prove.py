@@ -19,6 +19,7 @@ from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from .errors import MetalAccelError
+from .native_policy import runtime_library
 from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
 from .specs import InputSpec, call_signature
@@ -166,7 +167,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         if soaked:
             return reject(soaked)
     try:
-        from .native_policy import runtime_library; lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
+        lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,

@@ -41,7 +41,8 @@ def for_device(entry: CacheEntry, backend: str, device: str) -> CacheEntry:
             continue
         details = {**v.details, "scope": "correctness only: proven on an emulated device, speed never measured",
                    "proven_as": {"backend": entry.backend, "key": entry.key, "candidate_digest": v.candidate_digest}}
-        verdicts[env_id] = Verdict(v.env, True, v.reason, cand.digest, None, None, None, details, v.measured_at)
+        verdicts[env_id] = Verdict(v.env, True, v.reason, cand.digest, None, None, None, details, v.measured_at,
+                                   fresh=False)  # a claim carried to another backend, never this process's proof
     if not verdicts:
         raise CacheError(f"entry {entry.key} has no accepted verdict to carry over")
     return CacheEntry(key=entry_key(entry.module_fingerprint, spec, backend), backend=backend,

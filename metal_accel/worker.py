@@ -87,26 +87,19 @@ def _poison_free_memory(device: torch.device) -> None:
     del block
 
 
-def _prepare(backend_name: str, device: str) -> None:
-    """What must happen before confinement: imports, whatever the backend's compile() needs a process for
-    (the compiler's identity and its baseline build: artifact names and checks depend on them), and the
-    device's initialization (drivers open their device files)."""
+def prepare(backend_name: str, device: str) -> None:
+    """What must happen before confinement: imports, whatever the backend's build needs a process for
+    (`Backend.prepare`: the compiler's identity and the binary check's baseline build: artifact names and
+    checks depend on them), and the device's initialization (drivers open their device files)."""
     from . import ops, prove, sandbox, validate  # noqa: F401  (imported now, while the package is readable)
-    from .backends import cpu, get_backend
+    from .backends import get_backend
     backend = get_backend(backend_name)
     if backend.device_type != "cpu":
         torch.zeros(1, device=device).add_(1).cpu()
         return
-    prepare = getattr(backend, "prepare", None)
-    if callable(prepare):
-        prepare()
-        return
-    cxx = cpu.find_compiler()
-    cpu.artifact_path(Path(tempfile.gettempdir()), "warmup", cxx)
-    cpu.cpu_name()
-    baseline = getattr(sys.modules[type(backend).__module__], "_baseline", None)  # until backends have prepare()
-    if callable(baseline) and cxx is not None:
-        baseline(cxx)
+    prepare_backend = getattr(backend, "prepare", None)
+    if callable(prepare_backend):
+        prepare_backend()
 
 
 def _device_paths(device: str) -> tuple[list[Path], list[Path]]:
@@ -233,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the reply stream
-    _prepare(opts.backend, opts.device)
+    prepare(opts.backend, opts.device)
     ro, rw = _device_paths(opts.device)
     netns = os.environ.pop("METAL_ACCEL_NETNS", "netns: not tried (not started through confine.py)")
     layers = [netns, *confine.apply(opts.scratch, read_only=[config.build_dir(), *ro], read_write=rw)]

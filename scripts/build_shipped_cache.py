@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -55,15 +54,22 @@ def _build_blocks(args: argparse.Namespace, device: str, source: Path, blocks: l
 def _write_metal(entry, previous: dict, out_dir: Path) -> None:
     """An accepted Metal entry into kernels_cache/mps/: emulator entries re-keyed for "mps" (correctness
     verdict only), and the verdicts of the same kernel from the other route kept."""
-    import json
-
-    from metal_accel.cache_index import atomic_write
     from metal_accel.retarget import for_real_device
 
     entry = for_real_device(entry) if entry.backend == "mps-emu" else entry
     old = previous.get(entry.key)
     if old is not None and old.candidate is not None and old.candidate.digest == entry.candidate.digest:
         entry.verdicts = {**old.verdicts, **entry.verdicts}
+    _write_claims(entry, out_dir)
+
+
+def _write_claims(entry, out_dir: Path) -> None:
+    """ENTRY into OUT_DIR with its verdicts' seals removed: what ships is a claim, proven on each user's device."""
+    import json
+
+    from metal_accel.cache_index import atomic_write
+    for v in entry.verdicts.values():
+        v.seal = ""
     atomic_write(out_dir / f"{entry.key}.json", json.dumps(entry.to_dict(), indent=1, sort_keys=True))
 
 
@@ -78,6 +84,8 @@ def main() -> int:
     source = ROOT / "kernels_src" / ("mps" if args.backend == "mps-emu" else "")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["METAL_ACCEL_USER_CACHE"] = tmp
+        # a throwaway verdict key: shipped verdicts are claims everywhere, the builder's machine included
+        os.environ["METAL_ACCEL_CONFIG_DIR"] = os.path.join(tmp, "config")
         # The shipped cache holds kernels only: whether torch.compile wins is decided on each
         # user's machine (its inductor output and timings are local), not shipped.
         os.environ["METAL_ACCEL_COMPILE"] = "0"
@@ -109,7 +117,7 @@ def main() -> int:
         for entry in cache_mod.user_cache().entries(args.backend):
             if entry.candidate is not None and any(v.accepted for v in entry.verdicts.values()):
                 if not metal:
-                    shutil.copy(cache_mod.user_cache().path_for(args.backend, entry.key), out_dir / f"{entry.key}.json")
+                    _write_claims(entry, out_dir)
                 else:
                     _write_metal(entry, previous, out_dir)
                 kept += 1

@@ -25,9 +25,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
-    """Every test gets its own user cache; the real one is never touched."""
+    """Every test gets its own user cache and verdict key; the real ones are never touched."""
     path = tmp_path_factory.mktemp("user_cache")
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(path))
+    # the key that seals verdicts (attest.py): per test, never the real user's
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
     monkeypatch.delenv("METAL_ACCEL_CACHE_PATH", raising=False)
     monkeypatch.delenv("METAL_ACCEL_DISABLE", raising=False)
     # torch.compile as a candidate costs seconds per module; the tests that are about it turn it on

@@ -234,8 +234,27 @@ class CpuBackend:
     def synchronize(self) -> None:
         pass
 
+    def prepare(self) -> None:
+        """Run now what building needs a process for (the compiler's identity, the toolchain baseline of the
+        binary check), so a confined process that may not start a compiler can still find and check artifacts."""
+        cxx = find_compiler()
+        if cxx is not None:
+            _compiler_identity(cxx)
+            _baseline(cxx)
+        _cpu_identity()
+
+    def build(self, source: str) -> Path:
+        """Compile and check SOURCE into build_dir()/cpu/<key>.so (or find it there), without loading it."""
+        return self._artifact(source)[0]
+
     def compile(self, source: str) -> CpuLibrary:
         """Compile SOURCE into build_dir()/cpu/<key>.so, or load it from there if already built."""
+        path, signatures, compiled_now = self._artifact(source)
+        if path not in _loaded:
+            _loaded[path] = CpuLibrary(path, signatures, compiled_now)
+        return _loaded[path]
+
+    def _artifact(self, source: str) -> tuple[Path, dict[str, list[CParam]], bool]:
         signatures = parse_extern_c(source)
         if not signatures:
             raise CompileError('no extern "C" kernel found; declare kernels as extern "C" void name(...)')
@@ -245,11 +264,9 @@ class CpuBackend:
                                  .encode()).hexdigest()[:32]
         path = artifact_path(config.build_dir() / "cpu", content, cxx)
         if path in _loaded:
-            return _loaded[path]
+            return path, signatures, False
         build = (lambda: _run_compiler(cxx, source, path)) if cxx is not None else None
-        compiled_now = ensure_artifact(path, build, CPU_POLICY, _baseline(cxx))
-        lib = _loaded[path] = CpuLibrary(path, signatures, compiled_now)
-        return lib
+        return path, signatures, ensure_artifact(path, build, CPU_POLICY, _baseline(cxx))
 
 
 @functools.cache

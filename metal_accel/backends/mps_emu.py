@@ -36,7 +36,7 @@ from ..binary_check import Baseline
 from .artifact import baseline, check_and_place, discard, ensure_artifact
 from .native_build import compile_shared, compiler_env, scrub_diagnostics
 from .base import Environment, os_description, torch_major_minor
-from .cpu import artifact_path, cpu_name, find_compiler, openmp_flags
+from .cpu import _compiler_identity, artifact_path, cpu_name, find_compiler, openmp_flags
 from .mps_launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
@@ -343,16 +343,32 @@ class MpsEmuBackend:
     def synchronize(self) -> None:
         pass
 
+    def prepare(self) -> None:
+        """Run now what building needs a process for (compiler identity, the binary check's baseline)."""
+        cxx = find_compiler()
+        if cxx is not None:
+            _compiler_identity(cxx)
+            _baseline(cxx)
+
+    def build(self, source: str) -> Path:
+        """Translate, compile and check SOURCE into build_dir()/mps-emu/<key>.so (or find it), without loading it."""
+        return self._artifact(source)[0]
+
     def compile(self, source: str) -> EmuLibrary:
         """Compile SOURCE into build_dir()/mps-emu/<key>.so, or load it from there if already built."""
+        path, kernels, compiled_now = self._artifact(source)
+        if path not in _loaded:
+            _loaded[path] = EmuLibrary(path, kernels, compiled_now)
+        return _loaded[path]
+
+    def _artifact(self, source: str) -> tuple[Path, list[MslKernel], bool]:
         if not isinstance(source, str) or not source.strip():
             raise CompileError("empty kernel source")
         cxx = find_compiler()
         content = hashlib.sha256(f"{source}\0{_tool_digest()}".encode()).hexdigest()[:32]
-        directory = config.build_dir() / "mps-emu"
-        path = artifact_path(directory, content, cxx)
+        path = artifact_path(config.build_dir() / "mps-emu", content, cxx)
         if path in _loaded:
-            return _loaded[path]
+            return path, [], False
         kernels: list[MslKernel] | None = None
         if path.exists() and not path.with_suffix(".json").exists():
             discard(path)  # a library without its kernel list is half a build
@@ -368,8 +384,7 @@ class MpsEmuBackend:
                 kernels = [MslKernel.from_dict(d) for d in json.loads(path.with_suffix(".json").read_text())]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json').name}: {e}") from e
-        lib = _loaded[path] = EmuLibrary(path, kernels, compiled_now)
-        return lib
+        return path, kernels, compiled_now
 
 
 @functools.cache
