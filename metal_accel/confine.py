@@ -53,6 +53,8 @@ OPEN_FILES_LIMIT = 256
 FS_LAYER, SYSCALL_LAYER = "landlock", "seccomp"
 _THREAD_SETTINGS = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_")
 _KEPT = ("CXX", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH")
+# switches some hosts set for every process (e.g. NVLink multicast off for NCCL, NVSHMEM and PyTorch)
+_HOST_SETTINGS = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")
 _warned: set[str] = set()
 
 # ---------------------------------------------------------------- environment
@@ -62,7 +64,7 @@ def scrubbed_environment(scratch: Path, parent: dict[str, str] | None = None) ->
     """The child's whole environment: locale C, HOME/TMPDIR = SCRATCH, thread settings, the compiler's
     directory on PATH, CXX and the CUDA device selection; nothing else of PARENT (default os.environ)."""
     parent = dict(os.environ if parent is None else parent)
-    env = {k: v for k, v in parent.items() if k in _KEPT or k.startswith(_THREAD_SETTINGS)}
+    env = {k: v for k, v in parent.items() if k in _KEPT or k.startswith(_THREAD_SETTINGS + _HOST_SETTINGS)}
     path_dirs: list[str] = []
     for name in (parent.get("CXX"), "c++", "g++", "clang++"):
         found = shutil.which(name, path=parent.get("PATH")) if name else None
@@ -74,10 +76,22 @@ def scrubbed_environment(scratch: Path, parent: dict[str, str] | None = None) ->
     s = str(scratch)
     env.update(PATH=os.pathsep.join(path_dirs), LANG="C", LC_ALL="C", HOME=s, TMPDIR=s, TMP=s, TEMP=s,
                XDG_CACHE_HOME=os.path.join(s, ".cache"), PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-    checkout = str(Path(__file__).resolve().parent.parent)
-    if checkout in parent.get("PYTHONPATH", "").split(os.pathsep):
-        env["PYTHONPATH"] = checkout  # metal_accel is imported from a source checkout named there
+    code_dirs = python_path_dirs(parent.get("PYTHONPATH", ""))
+    if code_dirs:  # where the parent's packages (or this checkout) are imported from
+        env["PYTHONPATH"] = os.pathsep.join(code_dirs)
     return env
+
+
+def python_path_dirs(python_path: str) -> list[str]:
+    """The directories of PYTHONPATH a confined child may read packages from: existing ones, never the home
+    directory or a folder holding it (what lies there is the user's, not code)."""
+    home = Path.home().resolve()
+    kept = []
+    for entry in python_path.split(os.pathsep):
+        d = Path(entry).resolve() if entry else None
+        if d is not None and d.is_dir() and d != home and d not in home.parents and str(d) not in kept:
+            kept.append(str(d))
+    return kept
 
 
 # ---------------------------------------------------------------- layers
@@ -150,6 +164,7 @@ def _system_read_paths() -> list[str]:
     for entry in sys.path:  # site-packages outside the prefixes (user site, vendor dirs); never a bare checkout
         if entry and ("site-packages" in entry or "dist-packages" in entry or any(entry.startswith(p) for p in prefixes)):
             paths.add(entry)
+    paths |= set(python_path_dirs(os.environ.get("PYTHONPATH", "")))
     paths |= {str(Path(__file__).resolve().parent), "/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/localtime",
               "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/sys/devices/system/cpu",
               "/dev/urandom", "/dev/random"}

@@ -123,3 +123,16 @@ def test_launcher_runs_the_module_in_its_own_network_namespace(tmp_path):
         pytest.skip(f"this machine refuses user namespaces: {netns}")  # optional layer, reported as such
     ifaces = next(l for l in proc.stdout.splitlines() if l.startswith("IFACES"))
     assert ifaces == "IFACES ['lo']", ifaces  # only the new namespace's own, down loopback
+
+
+def test_python_path_keeps_code_dirs_but_never_home(tmp_path, monkeypatch):
+    code = tmp_path / "site"
+    code.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    kept = confine.python_path_dirs(os.pathsep.join([str(code), str(tmp_path / "home"), str(tmp_path / "missing"), "/"]))
+    assert kept == [str(code.resolve())]
+    env = confine.scrubbed_environment(tmp_path / "scratch", {"PYTHONPATH": str(code), "NCCL_NVLS_ENABLE": "0",
+                                                              "OPENAI_API_KEY": "sk-test"})
+    assert env["PYTHONPATH"] == str(code.resolve()) and env["NCCL_NVLS_ENABLE"] == "0"
+    assert "OPENAI_API_KEY" not in env
