@@ -88,7 +88,8 @@ def soak(cand: Candidate, backend: Backend, device: torch.device, layout: Any, i
     eager_outs = [eager_unique[u] for u in order]
     out_bytes = sum(t.numel() * t.element_size() for t in eager_outs[0] if isinstance(t, torch.Tensor))
     sample = sample_calls(len(inputs), calls, out_bytes)
-    req = {"kind": "soak", "backend": backend.name, "device": str(device), "code": cand.code, "source": cand.source,
+    req = {"kind": "soak", "poison": False,  # production's buffers, as the speed gate and every later call see
+           "backend": backend.name, "device": str(device), "code": cand.code, "source": cand.source,
            "static": layout.static, "slots": layout.tensor_slots, "state": [_cpu(t) for t in layout.gather()],
            "sets": unique, "order": order, "calls": calls, "min_calls": min_calls, "sample": sample,
            "budget_s": BUDGET_PER_BENCH_S * settings.bench_budget_s}

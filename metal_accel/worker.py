@@ -79,11 +79,12 @@ def _limit_memory(device: str, request_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
 
-def _poison_free_memory(device: torch.device) -> None:
-    """Fill memory the allocator will hand out next with NaN, so stale results cannot pass."""
+def _scramble_free_memory(device: torch.device) -> None:
+    """Fill memory the GPU allocator will hand out next with noise, so an earlier call's results left there
+    cannot pass for this one's (noise, not NaN: production's plain buffers never hold NaN either)."""
     if device.type == "cpu":
-        return  # fresh CPU allocations come from the OS or malloc's free lists; outputs are NaN-filled anyway
-    block = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device=device)
+        return  # fresh CPU allocations come from the OS or malloc's free lists; proof buffers get their own fills
+    block = torch.randn((64 << 20,), dtype=torch.float32, device=device)
     del block
 
 
@@ -121,6 +122,7 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
     from .backends import get_backend
     from .errors import MetalAccelError
     from .ops import build_view
+    from .trial_buffers import input_copies
     from .validate import run_trial
 
     backend = get_backend(req["backend"])
@@ -132,6 +134,8 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "stage": "compile", "error": str(exc)}
     compile_s = time.perf_counter() - t0
     state = [t.to(device) for t in req["state"]]
+    if req.get("kind") != "soak":
+        state = input_copies(state)  # fenced: a write past a parameter's end is caught like one past an input's
     view = build_view(req["static"], req["slots"], state)
     if req.get("kind") == "soak":
         return {"ok": True, "compile_s": compile_s, **_soak(req, lambda *a, **k: forward(view, *a, **k), state,
@@ -141,7 +145,7 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
         for i, trial in enumerate(req["trials"]):
             args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in trial["args"])
             kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in trial["kwargs"].items()}
-            _poison_free_memory(device)
+            _scramble_free_memory(device)
             res = run_trial(lambda *a, **k: forward(view, *a, **k), args, kwargs, state,
                             repeat=(i == 0), sync=backend.synchronize)
             if "outputs" in res:
