@@ -224,6 +224,32 @@ def test_ptx_without_device_globals_passes():
     assert device_state((PTX_HEAD + const + PTX_KERNEL).encode(), cubin=False) is None
 
 
+def test_ptx_toolkit_static_members_pass_but_a_kernel_global_in_their_company_does_not():
+    """libcu++ (pulled in by cooperative_groups.h) emits static constexpr members as module globals."""
+    from metal_accel.backends.cuda_nvrtc import device_state
+    toolkit = (".global .align 1 .b8 _ZN4cuda3std3__417integral_constantIbLb1EE5valueE = {1};\n"
+               ".global .align 8 .u64 _ZN4cuda3std3__411__type_listIJasilxEE6__sizeE = 5;\n")
+    assert device_state((PTX_HEAD + toolkit + PTX_KERNEL).encode(), cubin=False) is None
+    assert "counter" in device_state((PTX_HEAD + toolkit + ".global .align 4 .u32 counter;\n" + PTX_KERNEL).encode(),
+                                     cubin=False)
+
+
+def test_cubin_global_symbols_are_judged_by_owner(tmp_path):
+    from metal_accel.backends.cuda_nvrtc import device_state
+    obj = tmp_path / "t.o"
+    (tmp_path / "t.s").write_text('.section .nv.global.init,"aw"\n'
+                                  '.globl _ZN4cuda3std3__417integral_constantIbLb1EE5valueE\n'
+                                  '_ZN4cuda3std3__417integral_constantIbLb1EE5valueE: .byte 1\n'
+                                  '.globl memo\nmemo: .zero 8\n')
+    subprocess.run(["as", str(tmp_path / "t.s"), "-o", str(obj)], check=True)
+    assert "device global variable memo" in device_state(obj.read_bytes(), cubin=True)
+    (tmp_path / "t.s").write_text('.section .nv.global.init,"aw"\n'
+                                  '.globl _ZN4cuda3std3__417integral_constantIbLb1EE5valueE\n'
+                                  '_ZN4cuda3std3__417integral_constantIbLb1EE5valueE: .byte 1\n')
+    subprocess.run(["as", str(tmp_path / "t.s"), "-o", str(obj)], check=True)
+    assert device_state(obj.read_bytes(), cubin=True) is None
+
+
 def test_cubin_global_sections_are_rejected(tmp_path):
     from metal_accel.backends.cuda_nvrtc import device_state
     # an ELF with a .nv.global section stands in for a cubin (no NVRTC here)

@@ -15,6 +15,7 @@ from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from .. import config
 from ..binary_check import BinaryCheckError
@@ -146,18 +147,40 @@ _PTX_GLOBAL_VAR = re.compile(r"^[ \t]*(?:\.(?:visible|extern|weak|common)[ \t]+)
                              r"[ \t]*(?:\[[^\n;]*\])?[ \t]*(?:=[^;]*)?;", re.M)
 
 
+# Static members of the toolkit's own headers (libcu++'s integral_constant<...>::value, numeric_limits<...>
+# members, cooperative_groups' tables): NVRTC emits them as module-scope globals, but no kernel names them as
+# storage (the kernel's own globals are refused by the source check, in any namespace).
+_TOOLKIT_SYMBOL = re.compile(r"_ZN(?:4cuda3std|4cuda|18cooperative_groups|6nvcuda)\d|_ZN\d+__nv_")
+
+
 def device_state(code: bytes, cubin: bool) -> str | None:
     """Why a compiled CUDA module could keep state between launches (a module-scope variable in the global
-    state space: `.global` in PTX, a .nv.global* section in a cubin), or None. Constant and shared memory
-    are not state a kernel can keep: the first is read-only on the device, the second lives per block."""
+    state space: `.global` in PTX, a .nv.global* section in a cubin, other than the toolkit headers' own
+    static members), or None. Constant and shared memory are not state a kernel can keep: the first is
+    read-only on the device, the second lives per block."""
     if not cubin:
-        m = _PTX_GLOBAL_VAR.search(code.decode(errors="replace"))
-        return None if m is None else f"the PTX declares the device global variable {m.group(1)}"
+        for m in _PTX_GLOBAL_VAR.finditer(code.decode(errors="replace")):
+            if not _TOOLKIT_SYMBOL.match(m.group(1)):
+                return f"the PTX declares the device global variable {m.group(1)}"
+        return None
     try:
         elf = ELFFile(io.BytesIO(code))
+        names = {i: s.name for i, s in enumerate(elf.iter_sections())}
+        sized = {n: s["sh_size"] for n, s in ((s.name, s) for s in elf.iter_sections()) if n.startswith(".nv.global")}
+        owned: dict[str, int] = {}
         for sec in elf.iter_sections():
-            if sec.name.startswith(".nv.global"):
-                return f"the cubin holds section {sec.name} ({sec['sh_size']} bytes of device global variables)"
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                where = names.get(sym["st_shndx"]) if isinstance(sym["st_shndx"], int) else None
+                if where is None or where not in sized or sym.name == where or sym["st_info"]["type"] == "STT_SECTION":
+                    continue
+                if not _TOOLKIT_SYMBOL.match(sym.name):
+                    return f"the cubin holds the device global variable {sym.name} (section {where})"
+                owned[where] = owned.get(where, 0) + 1
+        for where, size in sized.items():
+            if size and not owned.get(where):
+                return f"the cubin holds section {where} ({size} bytes of device global variables)"
     except ELFError as e:
         return f"the cubin is not a readable ELF file ({e})"
     return None
