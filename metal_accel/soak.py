@@ -130,8 +130,10 @@ def judge_soak(reply: dict[str, Any], inputs: InputSets, eager_outs: list[tuple]
             return f"{where}: the worker's reply is inconsistent (call {i}, input set {j})"
         if output_digest(tuple(s["outputs"])) != digests[i]:
             return f"{where}: the worker's reply is inconsistent (call {i}'s outputs do not match its digest)"
+        outs = tuple(o.to(e.device) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) else o
+                     for o, e in zip(s["outputs"], eager_outs[j]))  # the worker sends them back on the CPU
         try:
-            check(tuple(s["outputs"]), eager_outs[j], f"soak call {i} (input set {j})", j)
+            check(outs, eager_outs[j], f"soak call {i} (input set {j})", j)
         except Mismatch as exc:
             return f"{where}: wrong result: {exc}"
         seen.add(j)

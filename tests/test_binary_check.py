@@ -228,10 +228,13 @@ def test_ptx_toolkit_static_members_pass_but_a_kernel_global_in_their_company_do
     """libcu++ (pulled in by cooperative_groups.h) emits static constexpr members as module globals."""
     from metal_accel.backends.cuda_nvrtc import device_state
     toolkit = (".global .align 1 .b8 _ZN4cuda3std3__417integral_constantIbLb1EE5valueE = {1};\n"
+               ".global .align 4 .u32 _ZN37_INTERNAL_00000000_9_kernel_cu_center18cooperative_groups4__v17details4tile"
+               "20_MemoryShuffleCutoffE = 32;\n"
                ".global .align 8 .u64 _ZN4cuda3std3__411__type_listIJasilxEE6__sizeE = 5;\n")
     assert device_state((PTX_HEAD + toolkit + PTX_KERNEL).encode(), cubin=False) is None
-    assert "counter" in device_state((PTX_HEAD + toolkit + ".global .align 4 .u32 counter;\n" + PTX_KERNEL).encode(),
-                                     cubin=False)
+    for own in ("counter", "_ZN37_INTERNAL_00000000_9_kernel_cu_center7counterE"):
+        assert own in device_state((PTX_HEAD + toolkit + f".global .align 4 .u32 {own};\n" + PTX_KERNEL).encode(),
+                                   cubin=False)
 
 
 def test_cubin_global_symbols_are_judged_by_owner(tmp_path):

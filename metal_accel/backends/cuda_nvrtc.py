@@ -150,7 +150,20 @@ _PTX_GLOBAL_VAR = re.compile(r"^[ \t]*(?:\.(?:visible|extern|weak|common)[ \t]+)
 # Static members of the toolkit's own headers (libcu++'s integral_constant<...>::value, numeric_limits<...>
 # members, cooperative_groups' tables): NVRTC emits them as module-scope globals, but no kernel names them as
 # storage (the kernel's own globals are refused by the source check, in any namespace).
-_TOOLKIT_SYMBOL = re.compile(r"_ZN(?:4cuda3std|4cuda|18cooperative_groups|6nvcuda)\d|_ZN\d+__nv_")
+_TOOLKIT_NAMESPACE = re.compile(r"(?:4cuda3std|4cuda|18cooperative_groups|6nvcuda)\d|\d+__nv_")
+_INTERNAL_PREFIX = re.compile(r"_ZN(\d+)_INTERNAL_")  # an anonymous namespace of the translation unit
+
+
+def _toolkit_owned(name: str) -> bool:
+    """Whether a mangled module global belongs to a toolkit header's namespace (possibly inside the
+    translation unit's anonymous namespace, where NVRTC puts header internals)."""
+    if not name.startswith("_ZN"):
+        return False
+    pos = 3
+    m = _INTERNAL_PREFIX.match(name)
+    if m:
+        pos = m.end(1) + int(m.group(1))
+    return _TOOLKIT_NAMESPACE.match(name, pos) is not None
 
 
 def device_state(code: bytes, cubin: bool) -> str | None:
@@ -160,7 +173,7 @@ def device_state(code: bytes, cubin: bool) -> str | None:
     read-only on the device, the second lives per block."""
     if not cubin:
         for m in _PTX_GLOBAL_VAR.finditer(code.decode(errors="replace")):
-            if not _TOOLKIT_SYMBOL.match(m.group(1)):
+            if not _toolkit_owned(m.group(1)):
                 return f"the PTX declares the device global variable {m.group(1)}"
         return None
     try:
@@ -175,7 +188,7 @@ def device_state(code: bytes, cubin: bool) -> str | None:
                 where = names.get(sym["st_shndx"]) if isinstance(sym["st_shndx"], int) else None
                 if where is None or where not in sized or sym.name == where or sym["st_info"]["type"] == "STT_SECTION":
                     continue
-                if not _TOOLKIT_SYMBOL.match(sym.name):
+                if not _toolkit_owned(sym.name):
                     return f"the cubin holds the device global variable {sym.name} (section {where})"
                 owned[where] = owned.get(where, 0) + 1
         for where, size in sized.items():
