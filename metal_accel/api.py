@@ -86,12 +86,6 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
     report.elapsed_s = time.perf_counter() - start
     object.__setattr__(model, _REPORT_ATTR, report)
     annotate(report, model)
-    grad = [m.name for m in report.kernels if any(GRAD_NOTE in n for n in m.notes)]
-    if grad:
-        warnings.warn(f"metal_accel: {len(grad)} optimized module(s) ({', '.join(grad[:4])}"
-                      f"{', ...' if len(grad) > 4 else ''}) have parameters that require grad: their kernels "
-                      "run only under torch.no_grad() or torch.inference_mode(); with autograd recording "
-                      "they run eager", UserWarning, stacklevel=2)
     log.info("metal_accel: %d of %d module calls run kernels", len(report.kernels), len(report.modules))
     return model
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -53,6 +54,7 @@ class Dispatcher:
 
     def __init__(self, module: nn.Module, original: Callable[..., Any], *, strict: bool = False) -> None:
         self.original = original
+        self.module_name = type(module).__name__
         self.layout = ModuleLayout(module)
         self.table: dict[tuple, KernelOp] = {}
         self.strict = strict
@@ -119,6 +121,10 @@ class Dispatcher:
         state = self.layout.gather()
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*state, *args) if isinstance(t, torch.Tensor)):
             self.grad_calls += 1
+            if self.grad_calls == 1 and self.table:
+                warnings.warn(f"metal_accel: {self.module_name} runs eager: autograd is recording and its "
+                              "tensors require grad (kernels have no backward); call the model under "
+                              "torch.inference_mode() or torch.no_grad() to run its kernels", UserWarning, stacklevel=3)
             return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
         op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
         if op is None:

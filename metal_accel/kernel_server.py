@@ -39,6 +39,7 @@ from .backends.cpu import _bind
 from .backends.cpu_signature import parse_extern_c
 from .backends.mps_emu import EmuKernel
 from .backends.msl_signature import MslKernel, MslParam
+from .redact import redact
 from .errors import CompileError, MetalAccelError
 from . import confine
 from .kernel_server_main import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
@@ -91,10 +92,11 @@ class _Process:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.fd_sock, their_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # arena descriptors
         self.head = bytearray(HEAD.size)
+        self.stderr = tempfile.TemporaryFile()  # why a start failed, for the reason
         self.proc = subprocess.Popen(
             [sys.executable, confine.__file__, "-m", "metal_accel.kernel_server_main", str(theirs.fileno()),
              str(their_fds.fileno()), str(self.pid), self.scratch], pass_fds=(theirs.fileno(), their_fds.fileno()),
-            env=env, cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=env, cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
         theirs.close()
         their_fds.close()
         self.arena: mmap.mmap | None = None
@@ -106,8 +108,11 @@ class _Process:
             _, payload = self.receive(START_TIMEOUT_S, "starting")
             self.layers: list[str] = [str(x) for x in json.loads(payload).get("layers", [])]
         except (KernelServerError, ValueError, AttributeError) as exc:
+            self.stderr.seek(0)
+            lines = self.stderr.read().decode(errors="replace").strip().splitlines()
             self.close()
-            raise KernelServerError(f"the kernel server did not start: {exc}") from None
+            said = f" (it said: {redact(lines[-1][:300])})" if lines else ""
+            raise KernelServerError(f"the kernel server did not start: {exc}{said}") from None
         if not confine.sufficient(self.layers) and not confine.unconfined_allowed():
             self.close()
             missing = "; ".join(x for x in self.layers if "not applied" in x) or "no layer applied"
@@ -131,6 +136,7 @@ class _Process:
         self.arena_view = None
         if self.arena is not None:
             self.arena.close()
+        self.stderr.close()
         if os.getpid() == self.pid:  # a forked child leaves its parent's server alone
             shutil.rmtree(self.scratch, ignore_errors=True)
 

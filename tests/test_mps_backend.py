@@ -452,13 +452,15 @@ def test_a_real_device_proves_speed_before_installing_an_emulator_proven_kernel(
     be = fake_mps.backend
     moved = for_device(entry, "mps", be.device_type)  # an mps entry whose tensors live where be runs
     cache_mod.user_cache().put(moved)
-    module, inputs = blocks.SiluMul(), (torch.randn(8, 48), torch.randn(8, 48))
+    # eval mode, as optimize() proved it in (a module's training flag is part of its key)
+    module, inputs = blocks.SiluMul().eval(), (torch.randn(8, 48), torch.randn(8, 48))
     plan = Pipeline(be, settings=ProofSettings(isolate=False, bench_budget_s=0.2), try_compile=False)
     (call,) = [c for c in capture(module, inputs, None) if c.module is module]
     rep = plan.process(call)
     mine = cache_mod.user_cache().get("mps", moved.key)
     here = mine.verdict_for(be.environment())
-    assert here is not None and here.speedup is not None and here.eager_us is not None  # timed on the device
+    assert here is not None, (rep, mine.verdicts)
+    assert here.speedup is not None and here.eager_us is not None  # timed on the device
     assert here.env.backend == "mps" and any(v.env.backend == "mps-emu" for v in mine.verdicts.values())
     assert ("re-validated here" in rep.source) == here.accepted
     assert (rep.status == "kernel") == here.accepted

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import sys
 from pathlib import Path
@@ -113,8 +114,9 @@ def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys, caplog):
     assert "7_ReluScale" in capsys.readouterr().out
     logged = caplog.text  # -vv: each step's duration, each candidate's proof, each trial batch
     for step in ("model, inputs and an eager reference took", "the pipeline (capture, proofs, speed gates) took",
-                 "side-by-side timing took", "proof of 6 trials took", "made, run and judged in"):
+                 "side-by-side timing took", "made, run and judged in"):
         assert step in logged, step
+    assert re.search(r"proof of \d+ trials took", logged)  # 8 or 9 trials, as the plan has structured rows
 
 
 def test_blocks_run_eagerly_and_have_cuda_sources():

@@ -32,13 +32,16 @@ def record_path(artifact: Path) -> Path:
 
 
 @functools.cache
-def baseline(cxx: str, flags: tuple[str, ...], include_dir: str) -> Baseline:
+def baseline(cxx: str, flags: tuple[str, ...], include_dir: str, unit: str = EMPTY_UNIT,
+             headers: frozenset[str] = frozenset()) -> Baseline:
     """The toolchain's own load-time entries and writable data for FLAGS, measured once per process by
-    compiling an empty translation unit (kept in memory only: a record on disk could be edited)."""
+    compiling UNIT, a translation unit with no kernel code of its own: an empty one, or for the emulator a
+    trivial translated kernel, which brings the emulator's runtime (HEADERS: what UNIT may include; kept in
+    memory only: a record on disk could be edited)."""
     with tempfile.TemporaryDirectory(prefix="ma-baseline-") as d:
         work = Path(d)
-        (work / "kernel.cpp").write_text(EMPTY_UNIT)
-        so = compile_shared(cxx, flags, work, "kernel.cpp", 120, Path(include_dir), frozenset(),
+        (work / "kernel.cpp").write_text(unit)
+        so = compile_shared(cxx, flags, work, "kernel.cpp", 120, Path(include_dir), headers,
                             "compiling the empty baseline unit")
         return measure_baseline(so)
 

@@ -313,8 +313,16 @@ def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# A kernel with nothing of its own: its translation is the emulator runtime plus one launcher, whose load-time
+# entries and writable data (they differ between compilers: GCC 13 adds an .init_array entry) are the baseline.
+_BASELINE_KERNEL = ("kernel void ma_baseline(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) "
+                    "{ x[i] = 0.0f; }\n")
+
+
 def _baseline(cxx: str | None) -> Baseline | None:
-    return None if cxx is None else baseline(cxx, _flags(), str(config.include_dir()))
+    if cxx is None:
+        return None
+    return baseline(cxx, _flags(), str(config.include_dir()), translate(_BASELINE_KERNEL)[0], EMULATOR_HEADERS)
 
 
 _loaded: dict[Path, EmuLibrary] = {}

@@ -96,6 +96,8 @@ def sandbox_rules(language: str) -> str:
         "(`module.weight`, `module.eps`, `module.proj.weight`, a numbered child of an nn.Sequential or "
         "nn.ModuleList as `module.layers[0].weight` or `module.layers[i].bias`); submodules cannot be called, "
         "methods neither.",
+        "- Change in place (`x.add_(...)`, `out[...] = ...`, `out=`, `+=`) only tensors `forward` allocated "
+        "itself, never an input, a weight or a view of them.",
         "- Allowed statements: assignment, if, for, return, assert, arithmetic, comparisons, subscripts, "
         "tuple/list literals and comprehensions; top-level constants and plain helper functions.",
         "- Forbidden: import, while, try, with, lambda, class, raise, del, global, f-strings, dict/set "
@@ -106,7 +108,9 @@ def sandbox_rules(language: str) -> str:
         + ("no inline assembly except L2 prefetches (`asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: "
            "\"l\"(ptr), \"r\"(bytes));` or `prefetch.global.L2 [%0];`)" if language == "cuda" else "no inline assembly")
         + ", no I/O, "
-        "files, processes, network, environment, time or random calls, no `static` or global mutable state.",
+        "files, processes, network, environment, time or random calls, no `static` or global mutable state, no "
+        "load-time constructors; only your kernels' own code runs (the compiled library is inspected: imports "
+        "beyond math, memory and the OpenMP/runtime basics, system calls and timers reject it).",
     ])
 
 
@@ -137,7 +141,8 @@ def system_prompt(language: str) -> str:
     return "\n\n".join([
         "You write fast, correct compute kernels that replace the forward of one PyTorch module for fixed "
         "input shapes. Each answer is compiled, checked against the eager module on fresh random inputs of "
-        "several distributions (outputs pre-filled with NaN, inputs checked unchanged), and timed against "
+        "several distributions and structured rows (output buffers hold arbitrary values, so every element must be "
+        "written; writes outside a buffer and changed inputs or weights are rejected), and timed against "
         f"eager in interleaved pairs; it is used only if correct and at least {1 + DEFAULT_MARGIN:.2f}x faster "
         "including its launch overhead. You get the verdict back and may improve your answer.",
         candidate_format(language), sandbox_rules(language), language_guide(language), worked_example(language)])
