@@ -81,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "dispatch_cost_cpu.json")
+    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     opts = parser.parse_args()
     os.environ.setdefault("METAL_ACCEL_USER_CACHE", tempfile.mkdtemp(prefix="dispatch-cost-"))
     results = []
@@ -106,6 +107,28 @@ def main() -> None:
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {opts.out}")
+    if not opts.no_write:
+        render(doc)
+
+
+def render(doc: dict) -> None:
+    """The section `dispatch_cost_cpu` of docs/benchmarks.md, from DOC (this script's JSON)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _docs import write_section
+    m = doc["machine"]
+    rows = ["| shape | eager / in-process | eager / kernel server | server / in-process | server's extra per call |",
+            "|---|---|---|---|---|"]
+    for r in doc["results"]:
+        rows.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['eager_over_in_process']:.2f}x | "
+                    f"{r['eager_over_server']:.2f}x | {r['server_over_in_process']:.2f}x | "
+                    f"{r['server_extra_us']:.0f} µs (this machine; indicative) |")
+    body = ("The toy Chain kernel (36 elementwise ops fused) called three ways, interleaved rounds, medians: eager, "
+            "the kernel loaded in this process (shipped kernels, or `METAL_ACCEL_TRUST_NATIVE=1`), and through the "
+            "kernel server (untrusted CPU kernels, the default). Ratios are the result; microseconds on this shared "
+            f"machine only indicate (load average {m['load_average_1m']:.1f} at the start).\n\n" + "\n".join(rows))
+    write_section("dispatch_cost_cpu", "Untrusted CPU kernels in the kernel server: the per-call cost (issue 25)",
+                  doc["command"], body, f"{m['cpu']}, {m['cores']} cores, {m['os']}, torch {m['torch']}",
+                  doc["date"][:10])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
 from .errors import CacheError
-from .native_policy import runtime_library
+from .native_policy import op_variant, runtime_library
 from .ops import KernelOp, kernel_op
 from .prove import (ProofSettings, backend_timer, float64_reference, kernels_only, prove, streamed_proof,
                     timing_inputs)
@@ -192,7 +192,7 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
     lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
-                   backend.device_type)
+                   backend.device_type, op_variant(lib))
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":
         return GraphedOp(op, module)
     return op

@@ -92,3 +92,9 @@ def runtime_library(backend: Backend, source: str, *, trusted: bool | None = Non
 def placement(source: str) -> str | None:
     """Where the kernels of SOURCE were last set to run in this process: IN_PROCESS, KERNEL_SERVER or None."""
     return _placements.get(_digest(source))
+
+
+def op_variant(lib: Any) -> str:
+    """What tells apart the custom ops of one kernel by where its calls run ('' in-process, 'srv' in the kernel
+    server): an op made while the kernel was untrusted must not serve once it is trusted, nor the reverse."""
+    return "srv" if isinstance(lib, RemoteLibrary) else ""

@@ -163,9 +163,10 @@ def _plain_eager(tensors: list[torch.Tensor] | tuple) -> bool:
 
 
 def kernel_op(entry_key: str, digest: str, make_host: Callable[[], Callable[..., Any]], spec: InputSpec,
-              output_spec: OutputSpec, module: nn.Module, device_type: str) -> KernelOp:
-    """The custom op for (entry, candidate), registered once per process and shared by equal modules."""
-    name = f"k_{entry_key[:16]}_{digest[:8]}"
+              output_spec: OutputSpec, module: nn.Module, device_type: str, variant: str = "") -> KernelOp:
+    """The custom op for (entry, candidate[, VARIANT of its library]), registered once per process and shared by
+    equal modules."""
+    name = f"k_{entry_key[:16]}_{digest[:8]}" + (f"_{variant}" if variant else "")
     op = _OPS.get(name)
     if op is None:
         op = _OPS[name] = KernelOp(name, make_host(), spec, output_spec, ModuleLayout(module), device_type)

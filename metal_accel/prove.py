@@ -19,7 +19,7 @@ from .candidate import Candidate
 from .capture import ModuleCall
 from .dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from .errors import MetalAccelError
-from .native_policy import runtime_library
+from .native_policy import op_variant, runtime_library
 from .ops import kernel_op
 from .sandbox import check_host_code, load_forward
 from .specs import InputSpec, call_signature
@@ -171,7 +171,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
-                   call.output_spec, module, backend.device_type)
+                   call.output_spec, module, backend.device_type, op_variant(lib))
     if not measures_speed(backend):
         reason = (f"correct on {backend.name} ({result.reason}); speed not measured: an emulated device's timings "
                   "say nothing about the real one, which proves speed itself before it installs this kernel")

@@ -219,7 +219,7 @@ def test_timeout_is_retried_and_a_hanging_model_is_reported(llm, caplog, isolate
 
 def test_two_models_race_and_the_faster_kernel_wins(llm, caplog, isolated_user_cache):
     # gpt-4o answers at once with a slower kernel; claude answers later with the faster one
-    server = llm({"gpt-4o": [fence(poly_candidate(spin=60000))],
+    server = llm({"gpt-4o": [fence(poly_candidate(spin=15000))],
                   "claude-test": [Reply(fence(poly_candidate()), delay=0.4)]})
     model = Poly().eval()
     loop = SynthesisLoop(["openai:gpt-4o", "anthropic:claude-test"], QUICK)
