@@ -50,7 +50,15 @@ def test_static_checks(path):
     assert launched and launched <= set(kernels), f"host code launches {launched - set(kernels)}"
 
 
-def _prove_all(suite: Path, keys: list[str], max_mb: str, out: Path) -> None:
+# Conv epilogues whose special-inputs trial depends on the CPU: oneDNN spreads Inf/NaN through a convolution
+# differently by algorithm and ISA, so on an Intel Xeon 1% fewer elements are NaN than eager's on that trial
+# (an AMD EPYC matched). There the proof rejects them and eager runs, as it must; every other trial must pass.
+SPECIAL_VALUE_DIVERGENCE = re.compile(r"^all 1 candidates rejected; best: incorrect: trial \d+ \(special inputs\): "
+                                      r"output 0: NaN positions differ")
+
+
+def _prove_all(suite: Path, keys: list[str], max_mb: str, out: Path,
+               cpu_dependent: frozenset[str] = frozenset()) -> None:
     rc = main(["bench", str(suite), "--backend", "cpu", "--provider", f"dir:{ROOT / 'benchmarks' / 'candidates'}",
                "--problems", *keys, "--attempted-only", "--max-tensor-mb", max_mb, "--no-compile",
                "--budget", "0.05", "--bench-budget", "0.05", "--out", str(out), "--no-progress"])
@@ -58,6 +66,8 @@ def _prove_all(suite: Path, keys: list[str], max_mb: str, out: Path) -> None:
     rows = {r["key"]: r for r in json.loads((out / "suite.json").read_text())["rows"]}
     assert sorted(rows) == sorted(keys)
     wrong = {k: r["reason"] for k, r in rows.items() if r["candidate_correct"] is not True or not r["output_ok"]}
+    wrong = {k: why for k, why in wrong.items()
+             if not (k in cpu_dependent and SPECIAL_VALUE_DIVERGENCE.match(why) and rows[k]["output_ok"])}
     assert not wrong, wrong
 
 
@@ -85,7 +95,8 @@ def test_conv_epilogue_candidates_are_proven_correct_on_shrunk_problems(tmp_path
         assert n, f"{path.stem}: no spatial size found to shrink"
         keys.append(problem.name)  # a problem file's key is its stem, the name its candidate is found by
         (suite / f"{problem.name}.py").write_text(code)
-    _prove_all(suite, keys, "2", tmp_path / "out")
+    _prove_all(suite, keys, "2", tmp_path / "out",
+               frozenset({"Conv3d_ReLU_LeakyReLU_GELU_Sigmoid_BiasAdd", "Conv2d_Multiply_LeakyReLU_GELU"}))
 
 
 @pytest.mark.needs_cxx
