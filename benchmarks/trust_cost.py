@@ -98,7 +98,8 @@ def render(data: dict) -> str:
         rows.append(f"| {name} ({data['checkouts'][name]}) | {med(cold, 'optimize_s'):.1f} | "
                     f"{med(warm, 'optimize_s'):.2f} | {med(warm, 'replaced'):.0f} | "
                     f"{med(warm, 'forward_speedup'):.2f}x | {med(warm, 'dispatch_miss_us'):.2f} |")
-    return ("Medians over the rounds; `forward vs eager` is the median of interleaved eager/optimized pairs "
+    return ("`--before` names a checkout of the commit before the change (`git worktree add ../before "
+            f"{data['checkouts']['before']}`). Medians over the rounds; `forward vs eager` is the median of interleaved eager/optimized pairs "
             "of the warm run (a ratio, measured side by side); `dispatcher miss` is the per-call cost of a "
             "dispatcher with no kernel for the call, over a bare call.\n\n" + "\n".join(rows))
 
@@ -136,7 +137,11 @@ def main() -> int:
     args.out.write_text(json.dumps(data, indent=1))
     print(render(data))
     if not args.no_write:
-        write_section("trust_cost", "What the trust hardening costs (issue 25, CPU)", data["command"], render(data))
+        kernels_only = os.environ.get("METAL_ACCEL_COMPILE") == "0"
+        write_section("trust_cost_kernels" if kernels_only else "trust_cost",
+                      "What the trust hardening costs (issue 25, CPU" +
+                      (", shipped kernels only: METAL_ACCEL_COMPILE=0)" if kernels_only else ")"),
+                      ("METAL_ACCEL_COMPILE=0 " if kernels_only else "") + data["command"], render(data))
     return 0
 
 
