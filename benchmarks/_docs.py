@@ -16,7 +16,7 @@ HEADER = ("# Benchmarks\n\nEvery figure here comes from a script under `benchmar
 
 
 def machine() -> str:
-    from metal_accel.backends.cpu import cpu_name
+    from metal_accel.backends.cpu.backend import cpu_name
     try:
         nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     except OSError:

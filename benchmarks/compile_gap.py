@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 import metal_accel  # noqa: E402
 from metal_accel.backends import get_backend  # noqa: E402
-from metal_accel.builtin_compile import CompiledOp  # noqa: E402
-from metal_accel.dispatch import eager_only  # noqa: E402
-from metal_accel.problems import load_problems  # noqa: E402
-from metal_accel.prove import backend_timer  # noqa: E402
-from metal_accel.suite_problem import fit_batch, input_sets, problem_key, side_by_side  # noqa: E402
+from metal_accel.candidates.compile import CompiledOp  # noqa: E402
+from metal_accel.runtime.dispatch import eager_only  # noqa: E402
+from metal_accel.kernelbench.problems import load_problems  # noqa: E402
+from metal_accel.proof.prove import backend_timer  # noqa: E402
+from metal_accel.kernelbench.problem import fit_batch, input_sets, problem_key, side_by_side  # noqa: E402
 
 
 def variants(model: torch.nn.Module, inputs: tuple, backend: str) -> tuple[dict[str, Callable[..., Any]], str]:
@@ -43,7 +43,7 @@ def variants(model: torch.nn.Module, inputs: tuple, backend: str) -> tuple[dict[
     op = CompiledOp(copy.deepcopy(model), "compile_gap_op")
     fns["op"] = lambda *a: op(a, {}, [])
     if backend == "cuda":
-        from metal_accel.builtin_graph import GraphedOp
+        from metal_accel.candidates.graph import GraphedOp
         gmodel = copy.deepcopy(model)
         graphed = GraphedOp(CompiledOp(gmodel, "compile_gap_graph"), gmodel)
         fns["graph"] = lambda *a: graphed(a, {}, [])

@@ -22,8 +22,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from metal_accel.problems import load_problems  # noqa: E402
-from metal_accel.suite_problem import fit_batch  # noqa: E402
+from metal_accel.kernelbench.problems import load_problems  # noqa: E402
+from metal_accel.kernelbench.problem import fit_batch  # noqa: E402
 
 CONVS = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 

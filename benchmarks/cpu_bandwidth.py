@@ -29,10 +29,10 @@ DEFAULT_PROBLEMS = ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"
 def kernel_forward(path: Path, model: torch.nn.Module) -> Callable[..., Any]:
     """The candidate's host forward on MODEL's tensors, its kernels compiled (no proof: checked below)."""
     from metal_accel.backends import get_backend
-    from metal_accel.candidate import parse_candidate
-    from metal_accel.ops import ModuleLayout
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.runtime.ops import ModuleLayout
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
     cand = parse_candidate(path.read_text(), "cpu", str(path))
     forward = load_forward(cand.code, kernels_only(get_backend("cpu").compile(cand.source)))
     layout = ModuleLayout(model)
@@ -57,7 +57,7 @@ def interleaved(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], rou
 
 
 def measure(problem: Any, mb: float, rounds: int) -> dict[str, Any]:
-    from metal_accel.suite_problem import fit_batch, problem_key, tensor_bytes
+    from metal_accel.kernelbench.problem import fit_batch, problem_key, tensor_bytes
     key = problem_key(problem)
     path = next(iter(sorted(CANDIDATES.glob(f"{key}*.py"))), None)
     if path is None:
@@ -100,8 +100,8 @@ def main() -> None:
     ap.add_argument("--problems", default=str(DEFAULT_PROBLEMS))
     ap.add_argument("--no-write", action="store_true", help="print the table only")
     args = ap.parse_args()
-    from metal_accel.problems import load_problems
-    from metal_accel.suite_problem import problem_key
+    from metal_accel.kernelbench.problems import load_problems
+    from metal_accel.kernelbench.problem import problem_key
     problems = {problem_key(p).split("_", 2)[0] + "_" + problem_key(p).split("_", 2)[1]: p
                 for p in load_problems(args.problems)}
     unknown = [k for k in args.keys if k not in problems]

@@ -25,9 +25,9 @@ def main() -> int:
     import torch
 
     import metal_accel
-    from metal_accel.bench import compare_speed
+    from metal_accel.proof.speed import compare_speed
     from metal_accel.demo import DEFAULT_BATCH, DEFAULT_SEQ, build_demo_model, demo_inputs
-    from metal_accel.testdata import make_inputs
+    from metal_accel.proof.testdata import make_inputs
 
     def pure(m):
         def run(*a):

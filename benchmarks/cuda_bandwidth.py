@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from metal_accel.suite_problem import tensor_bytes as nbytes
+from metal_accel.kernelbench.problem import tensor_bytes as nbytes
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "benchmarks" / "candidates" / "cuda"
@@ -64,16 +64,16 @@ def copy_bandwidth(mb: float) -> float:
 def kernel_forward(path: Path) -> Callable[..., Any]:
     """A candidate file's host forward, with its kernels compiled (no proof: checked against eager below)."""
     from metal_accel.backends import get_backend
-    from metal_accel.candidate import parse_candidate
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
     cand = parse_candidate(path.read_text(), "cuda", str(path))
     return load_forward(cand.code, kernels_only(get_backend("cuda").compile(cand.source)))
 
 
 def level1_cases(problems: Path, mb: float) -> list[tuple[str, torch.nn.Module, tuple, Path]]:
-    from metal_accel.problems import load_problems
-    from metal_accel.suite_problem import fit_batch, problem_key
+    from metal_accel.kernelbench.problems import load_problems
+    from metal_accel.kernelbench.problem import fit_batch, problem_key
     cases = []
     for p in load_problems(problems, levels=[1]):
         key = problem_key(p)
@@ -107,7 +107,7 @@ def block_cases(mb: float) -> list[tuple[str, torch.nn.Module, tuple, Path]]:
 
 
 def measure(name: str, model: torch.nn.Module, inputs: tuple, path: Path, copy_bps: float) -> dict[str, Any]:
-    from metal_accel.ops import ModuleLayout
+    from metal_accel.runtime.ops import ModuleLayout
     forward = kernel_forward(path)
     layout = ModuleLayout(model)
     view = layout.view(layout.gather())

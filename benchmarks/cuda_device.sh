@@ -21,7 +21,7 @@ for step in "$@"; do
       python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
       { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
         python3 -m pip show cuda-bindings cuda-python cupy-cuda13x nvidia-cuda-nvrtc 2>/dev/null | grep -E "^(Name|Version)"
-        python3 -c "import json, metal_accel.backends.cuda as c; print(json.dumps(c.describe())); print(c.toolkit_include_dirs())"
+        python3 -c "import json, metal_accel.backends.cuda.backend as c; print(json.dumps(c.describe())); print(c.toolkit_include_dirs())"
         metal-accel doctor; } > "$OUT/env.txt" 2>&1 ;;
     tests)  # the GPU tests (the compile-everything tests need no GPU and run in CI)
       python3 -m pytest -p no:cacheprovider tests/test_cuda_backend.py -v -rs > "$OUT/pytest_cuda.log" 2>&1

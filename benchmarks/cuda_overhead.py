@@ -66,15 +66,15 @@ def main() -> int:
         return 2
     import os
     os.environ.setdefault("METAL_ACCEL_USER_CACHE", tempfile.mkdtemp())
-    from metal_accel.backends.cuda import CudaBackend, _libcuda
-    from metal_accel.backends.cuda_signature import ArgBinder
+    from metal_accel.backends.cuda.backend import CudaBackend, _libcuda
+    from metal_accel.backends.cuda.signature import ArgBinder
     from metal_accel.blocks import SiluMul
-    from metal_accel.candidate import parse_candidate
-    from metal_accel.capture import capture
-    from metal_accel.dispatch import dispatcher_of, install
-    from metal_accel.ops import kernel_op
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.runtime.capture import capture
+    from metal_accel.runtime.dispatch import dispatcher_of, install
+    from metal_accel.runtime.ops import kernel_op
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
 
     gate = torch.randn(args.rows, args.cols, device="cuda")
     up = torch.randn(args.rows, args.cols, device="cuda")

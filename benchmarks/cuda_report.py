@@ -99,7 +99,7 @@ def geo(xs: list[float | None]) -> float | None:
 
 
 def load_rows() -> tuple[list, list, dict]:
-    from metal_accel.suite import Row
+    from metal_accel.kernelbench.runner import Row
     run2 = json.loads((DATA / "h100_bench_run2.json").read_text())
     run3 = json.loads((DATA / "h100_bench_run3.json").read_text())
     mk = lambda d: Row(**d)  # noqa: E731
@@ -116,8 +116,8 @@ def fmt(v: float | None, spec: str = ".2f") -> str:
 
 
 def body() -> tuple[str, str]:
-    from metal_accel.suite import SuiteResult
-    from metal_accel.suite_report import markdown
+    from metal_accel.kernelbench.runner import SuiteResult
+    from metal_accel.kernelbench.report import markdown
     rows, missing, raw = load_rows()
     env = raw["run3"]["environment"]
     dram = raw["run3"]["dram_bandwidth_gbs"]

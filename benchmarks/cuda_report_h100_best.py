@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cuda_report import DATA, REWRITES, fmt, geo  # noqa: E402  (the first H100 section's helpers)
 
-from metal_accel.suite_result import ATTEMPT_SPEEDUP as GATE  # noqa: E402
+from metal_accel.kernelbench.result import ATTEMPT_SPEEDUP as GATE  # noqa: E402
 
 RUNS = ("h100_l2_best_run1.json", "h100_l2_best_run2.json", "h100_l2_best_run3.json", "h100_l2_best_run4.json")
 BANDWIDTH = ("h100_bandwidth_run1.json", "h100_bandwidth_run2.json")

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cuda_report import DATA, REWRITES, fmt, geo  # noqa: E402  (the H100 section's helpers)
 
-from metal_accel.suite_result import ATTEMPT_SPEEDUP as GATE  # noqa: E402
+from metal_accel.kernelbench.result import ATTEMPT_SPEEDUP as GATE  # noqa: E402
 
 INTRO = """\
 Five calls of the device tool on an H200 (this session's H100 request was served by an H200), 2026-11-22:

@@ -35,11 +35,11 @@ def variants(rows: int, n: int) -> tuple[dict[str, Callable[[], Any]], torch.Ten
     """The three ways to run Chain on a (rows, n) input, and that input."""
     from toymodels import GOOD, Chain
     from metal_accel.backends import get_backend
-    from metal_accel.candidate import parse_candidate
-    from metal_accel.kernel_server import RemoteLibrary
-    from metal_accel.ops import ModuleLayout
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.runtime.kernel_server import RemoteLibrary
+    from metal_accel.runtime.ops import ModuleLayout
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
     module, x = Chain(n).eval(), torch.randn(rows, n)
     cand = parse_candidate(GOOD, "cpu")
     backend = get_backend("cpu")
@@ -71,7 +71,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, flo
 
 
 def machine() -> dict[str, Any]:
-    from metal_accel.backends.cpu import cpu_name
+    from metal_accel.backends.cpu.backend import cpu_name
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "os": platform.platform(),
             "load_average_1m": os.getloadavg()[0]}

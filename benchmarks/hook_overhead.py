@@ -38,9 +38,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args()
-    from metal_accel import hook
-    from metal_accel.dispatch import Dispatcher
-    from metal_accel.keys import class_path, class_source_sha
+    from metal_accel.auto import hook
+    from metal_accel.runtime.dispatch import Dispatcher
+    from metal_accel.core.keys import class_path, class_source_sha
 
     hook.deactivate()
     module = Tiny()

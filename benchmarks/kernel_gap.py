@@ -28,16 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from metal_accel.backends import get_backend  # noqa: E402
-from metal_accel.builtin_graph import GraphedOp  # noqa: E402
-from metal_accel.candidate import parse_candidate  # noqa: E402
-from metal_accel.capture import capture  # noqa: E402
-from metal_accel.dispatch import eager_forward, eager_only, install  # noqa: E402
-from metal_accel.keys import entry_key, module_fingerprint  # noqa: E402
-from metal_accel.ops import kernel_op  # noqa: E402
-from metal_accel.problems import load_problems  # noqa: E402
-from metal_accel.prove import backend_timer, kernels_only  # noqa: E402
-from metal_accel.sandbox import load_forward  # noqa: E402
-from metal_accel.suite_problem import ProblemProvider, fit_batch, input_sets, problem_key, side_by_side  # noqa: E402
+from metal_accel.candidates.graph import GraphedOp  # noqa: E402
+from metal_accel.core.candidate import parse_candidate  # noqa: E402
+from metal_accel.runtime.capture import capture  # noqa: E402
+from metal_accel.runtime.dispatch import eager_forward, eager_only, install  # noqa: E402
+from metal_accel.core.keys import entry_key, module_fingerprint  # noqa: E402
+from metal_accel.runtime.ops import kernel_op  # noqa: E402
+from metal_accel.kernelbench.problems import load_problems  # noqa: E402
+from metal_accel.proof.prove import backend_timer, kernels_only  # noqa: E402
+from metal_accel.sandbox.host import load_forward  # noqa: E402
+from metal_accel.kernelbench.problem import ProblemProvider, fit_batch, input_sets, problem_key, side_by_side  # noqa: E402
 
 
 class EagerOp:

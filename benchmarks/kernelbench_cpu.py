@@ -63,8 +63,8 @@ def parse_caps(pairs: list[str]) -> dict[str, float]:
 
 def merge(runs: list[Path], out: Path) -> None:
     """Rows of several runs' suite.json, in order, as one suite.json (and suite.md) in OUT."""
-    from metal_accel.suite_report import markdown
-    from metal_accel.suite_result import SuiteResult
+    from metal_accel.kernelbench.report import markdown
+    from metal_accel.kernelbench.result import SuiteResult
     results = [SuiteResult.from_dict(json.loads(r.read_text())) for r in runs]
     merged = SuiteResult([row for res in results for row in res.rows], results[0].environment,
                          results[0].dram_bandwidth, " ; ".join(res.command for res in results))
@@ -78,7 +78,7 @@ def run_benches(args: argparse.Namespace, out: Path, caps: dict[str, float]) -> 
     runs = [bench_command(args, str(out / k), [k], caps.get(k)) for k in args.keys] if caps \
         else [bench_command(args, str(out))]
     for cmd in runs:
-        subprocess.run([sys.executable, "-m", "metal_accel.cli", *cmd[1:]], check=True, env=env, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "metal_accel.cli.main", *cmd[1:]], check=True, env=env, cwd=ROOT)
     if caps:
         merge([out / k / "suite.json" for k in args.keys], out)
 
@@ -87,8 +87,8 @@ def suite_table(out: Path) -> str:
     """The run's markdown table: suite.md, or rendered from suite.json (raw data kept in docs/cpu)."""
     if (out / "suite.md").is_file():
         return (out / "suite.md").read_text()
-    from metal_accel.suite_report import markdown
-    from metal_accel.suite_result import SuiteResult
+    from metal_accel.kernelbench.report import markdown
+    from metal_accel.kernelbench.result import SuiteResult
     doc = out if out.suffix == ".json" else out / "suite.json"
     return markdown(SuiteResult.from_dict(json.loads(doc.read_text())))
 

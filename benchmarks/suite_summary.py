@@ -119,8 +119,8 @@ def suite_keys() -> list[str] | None:
     """Every problem of the visible suite (../shared/kernelbench), or None where it is absent."""
     if not SUITE.is_file():
         return None
-    from metal_accel.problems import load_problems
-    from metal_accel.suite_problem import problem_key
+    from metal_accel.kernelbench.problems import load_problems
+    from metal_accel.kernelbench.problem import problem_key
     return [problem_key(p) for p in load_problems(SUITE)]
 
 

@@ -57,7 +57,7 @@ def main() -> int:
     os.environ["METAL_ACCEL_USER_CACHE"] = tempfile.mkdtemp(prefix="metal_accel_synth_bench_")
 
     import metal_accel
-    from metal_accel import config
+    from metal_accel.core import config
     from metal_accel.demo import DEFAULT_BATCH, DEFAULT_SEQ, build_demo_model, demo_inputs
     from metal_accel.synth.loop import SynthesisLoop
     from metal_accel.synth.settings import SynthSettings

@@ -34,7 +34,7 @@ def child(phase: str) -> None:
 
     import metal_accel
     from metal_accel.demo import build_demo_model, demo_inputs
-    from metal_accel.dispatch import Dispatcher
+    from metal_accel.runtime.dispatch import Dispatcher
 
     torch.manual_seed(0)
     model = build_demo_model().eval()

@@ -15,7 +15,7 @@ import logging
 import torch
 
 import metal_accel
-from metal_accel.bench import compare_speed
+from metal_accel.proof.speed import compare_speed
 from metal_accel.demo import DEFAULT_BATCH, DEFAULT_SEQ, build_demo_model, demo_inputs
 
 

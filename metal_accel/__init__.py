@@ -5,14 +5,14 @@
 """
 from .api import explain, optimize, restore
 from .backends import available_backends, get_backend
-from .cache import CacheEntry, Verdict, load_cache
-from .candidate import Candidate, parse_candidate
-from .dispatch import eager_only as eager
-from .errors import (BackendUnavailableError, CacheError, CandidateFormatError, CompileError,
-                     KernelLaunchError, MetalAccelError, SandboxError)
+from .store.cache import CacheEntry, Verdict, load_cache
+from .core.candidate import Candidate, parse_candidate
+from .runtime.dispatch import eager_only as eager
+from .core.errors import (BackendUnavailableError, CacheError, CandidateFormatError, CompileError,
+    KernelLaunchError, MetalAccelError, SandboxError)
 from .report import ModuleReport, OptimizeReport
 from .synth.budget import Limits
-from .synth.directory import DirectoryProvider
+from .candidates.directory import DirectoryProvider
 from .synth.loop import SynthesisError, SynthesisLoop
 from .synth.models import ProviderConfigError
 from .synth.settings import SynthSettings
@@ -25,14 +25,14 @@ def _activate_from_environment() -> None:
     import logging
     import os
 
-    from . import config
+    from .core import config
     if config.disabled():
         return
     try:
-        from . import hook
+        from .auto import hook
         hook.activate()
         if os.environ.get("METAL_ACCEL_RECORD", "") not in ("", "0"):
-            from . import record
+            from .auto import record
             record.start_recording()
     except Exception as exc:  # importing the library must never fail because of a cache
         logging.getLogger(__name__).warning("metal_accel: auto-instrumentation is off: %s", exc)

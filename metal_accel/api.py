@@ -11,23 +11,23 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import config
+from .core import config
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
-from .bench import DEFAULT_MARGIN
-from .candidate import Candidate
-from .capture import ModuleCall, capture
-from .dispatch import dispatcher_of, uninstall
-from .errors import MetalAccelError
-from .model_state import StateGuard
+from .proof.speed import DEFAULT_MARGIN
+from .core.candidate import Candidate
+from .runtime.capture import ModuleCall, capture
+from .runtime.dispatch import dispatcher_of, uninstall
+from .core.errors import MetalAccelError
+from .runtime.model_state import StateGuard
 from .pipeline import Pipeline
-from .prove import ProofSettings
-from .redact import redact
-from .worker import DEFAULT_TIMEOUT_S
+from .proof.prove import ProofSettings
+from .core.redact import redact
+from .proof.worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
-from .synth.base import CandidateProvider, Evaluation
+from .core.provider import CandidateProvider, Evaluation
 from .synth.models import ModelSpec
-from .synth.providers import build_providers
+from .candidates.providers import build_providers
 from .synth.settings import SynthSettings
 
 log = logging.getLogger(__name__)

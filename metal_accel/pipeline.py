@@ -7,23 +7,24 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from . import cache as cache_mod, config
+from .store import cache as cache_mod
+from .core import config
 from .backends.base import Backend, Environment
-from .cache import CacheEntry, Verdict
-from .candidate import Candidate, parse_candidate
-from .capture import ModuleCall
-from .dispatch import install
-from .errors import MetalAccelError
-from .keys import class_path, class_source_sha, entry_key, module_fingerprint
-from .ops import KernelOp
-from .builtin_compile import (CompiledOp, builtin_kinds, candidate_op, compile_candidate, generated_code,
-                              prove_candidate, supports_compile)
-from .builtin_graph import GraphedOp
-from .prove import ProofSettings
-from .redact import redact
+from .store.cache import CacheEntry, Verdict
+from .core.candidate import Candidate, parse_candidate
+from .runtime.capture import ModuleCall
+from .runtime.dispatch import install
+from .core.errors import MetalAccelError
+from .core.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from .runtime.ops import KernelOp
+from .candidates.compile import (CompiledOp, builtin_kinds, candidate_op, compile_candidate, generated_code,
+    prove_candidate, supports_compile)
+from .candidates.graph import GraphedOp
+from .proof.prove import ProofSettings
+from .core.redact import redact
 from .report import COVERED, ModuleReport
-from .specs import UnsupportedCall
-from .synth.base import Evaluation, InteractiveProvider, Provider, SynthesisRequest
+from .core.specs import UnsupportedCall
+from .core.provider import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ def _build_blocks(args: argparse.Namespace, device: str, source: Path, blocks: l
 def _write_metal(entry, previous: dict, out_dir: Path) -> None:
     """An accepted Metal entry into kernels_cache/mps/: emulator entries re-keyed for "mps" (correctness
     verdict only), and the verdicts of the same kernel from the other route kept."""
-    from metal_accel.retarget import for_real_device
+    from metal_accel.store.retarget import for_real_device
 
     entry = for_real_device(entry) if entry.backend == "mps-emu" else entry
     old = previous.get(entry.key)
@@ -67,7 +67,7 @@ def _write_claims(entry, out_dir: Path) -> None:
     """ENTRY into OUT_DIR with its verdicts' seals removed: what ships is a claim, proven on each user's device."""
     import json
 
-    from metal_accel.cache_index import atomic_write
+    from metal_accel.store.index import atomic_write
     for v in entry.verdicts.values():
         v.seal = ""
     atomic_write(out_dir / f"{entry.key}.json", json.dumps(entry.to_dict(), indent=1, sort_keys=True))
@@ -91,7 +91,7 @@ def main() -> int:
         os.environ["METAL_ACCEL_COMPILE"] = "0"
         import torch
         import metal_accel
-        from metal_accel import cache as cache_mod
+        from metal_accel.store import cache as cache_mod
         from metal_accel.demo import DEFAULT_BATCH, DEFAULT_SEQ, build_demo_model, demo_inputs
 
         previous = {e.key: e for e in cache_mod.CacheDir(out_dir.parent, writable=False, name="old").entries(
@@ -121,7 +121,7 @@ def main() -> int:
                 else:
                     _write_metal(entry, previous, out_dir)
                 kept += 1
-        from metal_accel.cache_index import write_index
+        from metal_accel.store.index import write_index
         write_index(out_dir.parent)  # lets `import metal_accel` know what the shipped cache covers
         print(f"{kept} accepted entries written to {out_dir.relative_to(ROOT)}")
     return 0

@@ -51,6 +51,6 @@ def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
 
 # `import metal_accel` patched the classes of whatever caches this machine has; tests start clean
 # and activate auto-instrumentation themselves (in subprocesses) where they test it.
-import metal_accel.hook  # noqa: E402
+import metal_accel.auto.hook  # noqa: E402
 
-metal_accel.hook.deactivate()
+metal_accel.auto.hook.deactivate()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import cache as cache_mod
+from metal_accel.store import cache as cache_mod
 
 from test_optimize import candidates, chain_report
 from toymodels import GOOD, Net
@@ -28,7 +28,7 @@ m = Net().eval()
 with torch.inference_mode():
     y = m(x)
 auto = m.chain.__dict__.get("_metal_accel_auto")
-import metal_accel.hook as hook
+import metal_accel.auto.hook as hook
 patched = [c.__name__ for c in hook.patched_classes()]
 hook.deactivate()
 with torch.inference_mode():
@@ -123,7 +123,7 @@ def test_recording_then_offline_listing(tmp_path, isolated_user_cache):
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    from metal_accel.record import load_recorded_module, recorded_calls
+    from metal_accel.auto.record import load_recorded_module, recorded_calls
     recs = {r.class_path.rsplit(".", 1)[-1]: r for r in recorded_calls()}
     assert set(recs) == {"Net", "Chain", "Linear"}
     assert recs["Chain"].calls == 3 and recs["Chain"].input_spec.describe() == "float32[2,256]"
@@ -139,7 +139,7 @@ def test_recorded_calls_are_synthesized_offline_then_run_by_import(tmp_path, iso
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    from metal_accel.record import synthesize_recorded
+    from metal_accel.auto.record import synthesize_recorded
     results = synthesize_recorded([candidates(tmp_path, good=GOOD)], top=5, progress=False)
     chain = [rep for rec, rep in results if rec.class_path.endswith(".Chain")]
     assert chain and chain[0].modules[0].status == "kernel"
@@ -158,7 +158,7 @@ with torch.inference_mode():
     y = m(x)
     y = m(x)
 auto = m.__dict__.get("_metal_accel_auto")
-import metal_accel.hook as hook
+import metal_accel.auto.hook as hook
 hook.deactivate()
 with torch.inference_mode():
     ref = m(x)
@@ -196,7 +196,7 @@ m = Net().eval()
 x = torch.randn(4, 256)
 with torch.inference_mode():
     y = torch.compile(m)(x)
-import metal_accel.hook as hook
+import metal_accel.auto.hook as hook
 hook.deactivate()
 with torch.inference_mode():
     ref = m(x)

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from metal_accel import config
-from metal_accel.backends import cpu
+from metal_accel.core import config
+from metal_accel.backends.cpu import backend as cpu
 from metal_accel.backends.artifact import baseline, record_path
-from metal_accel.backends.cpu import CpuBackend, compile_flags, find_compiler
+from metal_accel.backends.cpu.backend import CpuBackend, compile_flags, find_compiler
 from metal_accel.backends.native_build import HeaderCheckError, compile_shared
-from metal_accel.binary_allow import CPU, MPS_EMU
-from metal_accel.binary_check import BinaryCheckError, BinaryCheckUnavailable, check_shared_object
-from metal_accel.errors import CompileError
-from metal_accel.source_check import HEADERS
+from metal_accel.sandbox.binary_allow import CPU, MPS_EMU
+from metal_accel.sandbox.binary_check import BinaryCheckError, BinaryCheckUnavailable, check_shared_object
+from metal_accel.core.errors import CompileError
+from metal_accel.sandbox.kernel_source import HEADERS
 
 from toymodels import GOOD
 
@@ -98,7 +98,7 @@ def test_toy_chain_and_stdlib_kernels_pass(tmp_path):
 
 
 def test_emulator_runtime_passes_its_policy_but_not_the_cpus():
-    from metal_accel.backends.mps_emu import MpsEmuBackend
+    from metal_accel.backends.mps_emu.backend import MpsEmuBackend
     lib = MpsEmuBackend().compile("#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x "
                                   "[[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] += 1.0f; }")
     check(lib._path, MPS_EMU)
@@ -147,7 +147,7 @@ def test_changed_artifact_is_rebuilt_once(tmp_path, damage):
     lib = CpuBackend().compile(FMA)
     assert lib.compiled_now and cpu.compile_count == before + 1
     rec = json.loads(record_path(path).read_text())
-    from metal_accel.binary_check import sha256_of
+    from metal_accel.sandbox.binary_check import sha256_of
     assert rec["sha256"] == sha256_of(path)
 
 
@@ -211,7 +211,7 @@ PTX_KERNEL = (".visible .entry k(.param .u64 k_param_0)\n{\n  .reg .f32 %f<2>;\n
     (".extern .global .align 8 .u64 clock_seen;\n", "clock_seen"),
 ])
 def test_ptx_device_globals_are_rejected(decl, name):
-    from metal_accel.backends.cuda_nvrtc import check_device_state, device_state
+    from metal_accel.backends.cuda.nvrtc import check_device_state, device_state
     assert device_state((PTX_HEAD + decl + PTX_KERNEL).encode(), cubin=False) == \
         f"the PTX declares the device global variable {name}"
     with pytest.raises(BinaryCheckError, match=f"binary check: .*{name}.*stateless"):
@@ -219,14 +219,14 @@ def test_ptx_device_globals_are_rejected(decl, name):
 
 
 def test_ptx_without_device_globals_passes():
-    from metal_accel.backends.cuda_nvrtc import device_state
+    from metal_accel.backends.cuda.nvrtc import device_state
     const = ".const .align 4 .f32 scale = 0f3F800000;\n.shared .align 4 .b8 tile[128];\n"
     assert device_state((PTX_HEAD + const + PTX_KERNEL).encode(), cubin=False) is None
 
 
 def test_ptx_toolkit_static_members_pass_but_a_kernel_global_in_their_company_does_not():
     """libcu++ (pulled in by cooperative_groups.h) emits static constexpr members as module globals."""
-    from metal_accel.backends.cuda_nvrtc import device_state
+    from metal_accel.backends.cuda.nvrtc import device_state
     toolkit = (".global .align 1 .b8 _ZN4cuda3std3__417integral_constantIbLb1EE5valueE = {1};\n"
                ".global .align 4 .u32 _ZN37_INTERNAL_00000000_9_kernel_cu_center18cooperative_groups4__v17details4tile"
                "20_MemoryShuffleCutoffE = 32;\n"
@@ -238,7 +238,7 @@ def test_ptx_toolkit_static_members_pass_but_a_kernel_global_in_their_company_do
 
 
 def test_cubin_global_symbols_are_judged_by_owner(tmp_path):
-    from metal_accel.backends.cuda_nvrtc import device_state
+    from metal_accel.backends.cuda.nvrtc import device_state
     obj = tmp_path / "t.o"
     (tmp_path / "t.s").write_text('.section .nv.global.init,"aw"\n'
                                   '.globl _ZN4cuda3std3__417integral_constantIbLb1EE5valueE\n'
@@ -254,7 +254,7 @@ def test_cubin_global_symbols_are_judged_by_owner(tmp_path):
 
 
 def test_cubin_global_sections_are_rejected(tmp_path):
-    from metal_accel.backends.cuda_nvrtc import device_state
+    from metal_accel.backends.cuda.nvrtc import device_state
     # an ELF with a .nv.global section stands in for a cubin (no NVRTC here)
     obj = tmp_path / "g.o"
     (tmp_path / "g.s").write_text('.section .nv.global,"aw",@nobits\n.zero 4\n')

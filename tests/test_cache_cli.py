@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import cache as cache_mod
+from metal_accel.store import cache as cache_mod
 from metal_accel.backends import get_backend
-from metal_accel.cache import CacheDir, CacheEntry, Verdict
-from metal_accel.candidate import parse_candidate
-from metal_accel.cli import main
-from metal_accel.errors import CacheError
-from metal_accel.specs import InputSpec, OutputSpec
+from metal_accel.store.cache import CacheDir, CacheEntry, Verdict
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.cli.main import main
+from metal_accel.core.errors import CacheError
+from metal_accel.core.specs import InputSpec, OutputSpec
 
 from toymodels import GOOD
 
@@ -125,7 +125,7 @@ def test_cache_ls_show_clear(capsys):
 
 
 def test_verdict_key_is_private_and_made_once(tmp_path):
-    from metal_accel import attest
+    from metal_accel.store import attest
     assert attest.user_key() == attest.user_key()
     path = attest.key_path()
     assert path.parent == tmp_path / "config" and len(path.read_bytes()) == 32
@@ -158,7 +158,7 @@ def test_ls_marks_claims(capsys, monkeypatch, tmp_path):
 
 
 def test_environment_faults_are_not_remembered_as_rejections():
-    from metal_accel.cache import environment_fault
+    from metal_accel.store.cache import environment_fault
     assert environment_fault("compile error: the compiled kernel library ab12.so is truncated or corrupt and "
                              "rebuilding it did not help; it is not loaded")
     assert environment_fault("compile error: BackendUnavailableError: no C++ compiler found (set CXX)")
@@ -175,7 +175,7 @@ def test_environment_faults_are_not_remembered_as_rejections():
 
 
 def test_sealed_verdict_reads_plain_json():
-    from metal_accel.cache import sealed_verdict
+    from metal_accel.store.cache import sealed_verdict
     env = get_backend("cpu").environment()
     path = cache_mod.user_cache().put(make_entry())
     data = json.loads(path.read_text())

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 
-import metal_accel.compare as compare
-from metal_accel.compare import Mismatch, compare_output
+import metal_accel.proof.compare as compare
+from metal_accel.proof.compare import Mismatch, compare_output
 
 
 def _verdict(out: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | None = None) -> tuple[str, object]:
@@ -97,8 +97,8 @@ def test_integer_mismatch_counts_every_differing_element(monkeypatch):
 
 _PEAK_SCRIPT = textwrap.dedent("""
     import resource, sys, torch
-    from metal_accel.compare import compare_output, Mismatch
-    from metal_accel.validate import Trial, trivial_outputs
+    from metal_accel.proof.compare import compare_output, Mismatch
+    from metal_accel.proof.validate import Trial, trivial_outputs
     n = 16 << 20  # 64 MB of float32
     ref = torch.rand(n)
     out = ref.clone().mul_(1 + 1e-3)  # fails the plain check: the float64 rule runs too

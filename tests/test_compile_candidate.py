@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 import metal_accel
-from metal_accel.builtin_compile import compiled_graphs
-from metal_accel import cache as cache_mod
-from metal_accel.keys import class_path
+from metal_accel.candidates.compile import compiled_graphs
+from metal_accel.store import cache as cache_mod
+from metal_accel.core.keys import class_path
 from metal_accel.report import COVERED
 
 from test_optimize import candidates
@@ -137,7 +137,7 @@ def test_many_compiled_modules_do_not_share_one_recompile_budget():
     # or the ninth module of a process would fail to compile (fullgraph) for no reason of its own.
     from torch._dynamo.utils import counters
 
-    from metal_accel.builtin_compile import CompiledOp
+    from metal_accel.candidates.compile import CompiledOp
     before = counters["stats"]["unique_graphs"]
     with torch.inference_mode():
         for i in range(12):
@@ -185,9 +185,9 @@ def test_composite_beyond_llm_limit_stays_eager_without_compile(monkeypatch):
 
 def test_cuda_graph_candidate_only_on_cuda_and_checked_from_the_cache():
     from metal_accel.backends import get_backend
-    from metal_accel.builtin_compile import builtin_kinds, check_builtin, compile_candidate
-    from metal_accel.candidate import Candidate
-    from metal_accel.errors import CacheError
+    from metal_accel.candidates.compile import builtin_kinds, check_builtin, compile_candidate
+    from metal_accel.core.candidate import Candidate
+    from metal_accel.core.errors import CacheError
 
     cpu = get_backend("cpu")
     assert builtin_kinds(cpu) == ["inductor"]  # no CUDA graph where there is no CUDA

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from metal_accel import confine
+from metal_accel.sandbox import confine
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock and seccomp are Linux's")
 needs_landlock = pytest.mark.skipif(confine.landlock_abi() < 1, reason="this kernel has no Landlock")

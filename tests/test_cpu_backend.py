@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from metal_accel.backends import available_backends, backend_for_device, get_backend
-from metal_accel.backends import cpu
-from metal_accel.backends.cpu import CParam, CpuBackend, parse_extern_c
-from metal_accel.errors import BackendUnavailableError, CompileError, KernelLaunchError
+from metal_accel.backends.cpu import backend as cpu
+from metal_accel.backends.cpu.backend import CParam, CpuBackend, parse_extern_c
+from metal_accel.core.errors import BackendUnavailableError, CompileError, KernelLaunchError
 
 pytestmark = pytest.mark.skipif(not CpuBackend().is_available(), reason="no C++ compiler")
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from metal_accel.backends.cpu_signature import parse_extern_c
-from metal_accel.candidate import parse_candidate
-from metal_accel.cli import main
-from metal_accel.sandbox import check_host_code
-from metal_accel.source_check import check_kernel_source
+from metal_accel.backends.cpu.signature import parse_extern_c
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.cli.main import main
+from metal_accel.sandbox.host import check_host_code
+from metal_accel.sandbox.kernel_source import check_kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = sorted((ROOT / "benchmarks" / "candidates" / "cpu").glob("*.py"))
@@ -84,7 +84,7 @@ def test_level1_cpu_candidates_are_proven_correct_on_their_problems(tmp_path):
 @needs_problems
 @pytest.mark.needs_cxx
 def test_conv_epilogue_candidates_are_proven_correct_on_shrunk_problems(tmp_path):
-    from metal_accel.problems import load_problems
+    from metal_accel.kernelbench.problems import load_problems
     problems = {p.name: p for p in load_problems(KERNELBENCH) if p.level == 2}
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -106,9 +106,9 @@ def test_conv_epilogue_reads_channels_last_or_nchw_and_matches_eager(channels):
     matches eager either way, on odd spatial sizes that leave a partial tile."""
     import torch
 
-    from metal_accel.backends.cpu import CpuBackend
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.backends.cpu.backend import CpuBackend
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
 
     cand = parse_candidate((ROOT / "benchmarks/candidates/cpu/ConvTranspose2d_Subtract_Tanh.py").read_text(), "cpu")
     lib = kernels_only(CpuBackend().compile(cand.source))
@@ -135,7 +135,7 @@ def test_conv_epilogue_reads_channels_last_or_nchw_and_matches_eager(channels):
 @needs_problems
 @pytest.mark.needs_cxx
 def test_level1_candidates_of_gigabyte_problems_are_proven_on_shrunk_problems(tmp_path):
-    from metal_accel.problems import load_problems
+    from metal_accel.kernelbench.problems import load_problems
     problems = {f"L1_{p.problem_id}_{p.name}": p for p in load_problems(KERNELBENCH) if p.level == 1}
     suite = tmp_path / "suite.jsonl"
     rows = []
@@ -156,9 +156,9 @@ def test_average_pooling_keeps_eagers_summation_order_bit_for_bit(kernel, stride
     The widths cover every column path of the vector code (8 at a time, 4, the last 1-3) and its scalar rest."""
     import torch
 
-    from metal_accel.backends.cpu import CpuBackend
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import load_forward
+    from metal_accel.backends.cpu.backend import CpuBackend
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import load_forward
 
     cand = parse_candidate((ROOT / "benchmarks/candidates/cpu/L1_45_Average_Pooling_2D.py").read_text(), "cpu")
     forward = load_forward(cand.code, kernels_only(CpuBackend().compile(cand.source)))

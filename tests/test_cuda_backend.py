@@ -6,10 +6,10 @@ import ctypes
 import pytest
 import torch
 
-from metal_accel.backends import cuda as cb
-from metal_accel.backends.cuda_signature import ArgBinder, cooperative_dims, launch_dims, parse_cuda_kernels
-from metal_accel.bench import TimingRejected, compare_speed
-from metal_accel.errors import BackendUnavailableError, CompileError, KernelLaunchError
+from metal_accel.backends.cuda import backend as cb
+from metal_accel.backends.cuda.signature import ArgBinder, cooperative_dims, launch_dims, parse_cuda_kernels
+from metal_accel.proof.speed import TimingRejected, compare_speed
+from metal_accel.core.errors import BackendUnavailableError, CompileError, KernelLaunchError
 
 SAXPY = r"""
 #include <cstdint>
@@ -122,7 +122,7 @@ def test_cooperative_dims_needs_a_resident_block():
 
 
 def test_sandbox_accepts_cooperative_launches():
-    from metal_accel.sandbox import check_host_code
+    from metal_accel.sandbox.host import check_host_code
     check_host_code("""
 def forward(module, x):
     y = torch.empty_like(x)
@@ -495,8 +495,8 @@ class _HostBound(torch.nn.Module):
 @pytest.mark.cuda
 def test_gpu_cuda_graph_candidate_wins_host_bound_module_and_keeps_outputs(monkeypatch):
     import metal_accel
-    from metal_accel.builtin_graph import GraphedOp
-    from metal_accel.dispatch import dispatcher_of, eager_only
+    from metal_accel.candidates.graph import GraphedOp
+    from metal_accel.runtime.dispatch import dispatcher_of, eager_only
 
     monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
     model, x = _HostBound().cuda().eval(), torch.randn(8, 256, device="cuda")
@@ -546,10 +546,10 @@ def forward(module, x):
 def test_gpu_kernel_is_timed_as_a_graph_too_and_the_faster_launch_is_reinstalled_from_the_cache(tmp_path,
                                                                                                 isolated_user_cache):
     import metal_accel
-    from metal_accel import cache as cache_mod
+    from metal_accel.store import cache as cache_mod
     from metal_accel.backends import get_backend
-    from metal_accel.builtin_graph import GraphedOp
-    from metal_accel.dispatch import dispatcher_of, eager_only
+    from metal_accel.candidates.graph import GraphedOp
+    from metal_accel.runtime.dispatch import dispatcher_of, eager_only
 
     d = tmp_path / "c" / "cuda" / "_HostBound"
     d.mkdir(parents=True)

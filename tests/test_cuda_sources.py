@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from metal_accel.backends.cuda_signature import parse_cuda_kernels
-from metal_accel.candidate import parse_candidate
-from metal_accel.sandbox import check_host_code
-from metal_accel.source_check import check_kernel_source
+from metal_accel.backends.cuda.signature import parse_cuda_kernels
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.sandbox.host import check_host_code
+from metal_accel.sandbox.kernel_source import check_kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "benchmarks" / "candidates" / "cuda").glob("*.py")) + \
@@ -26,7 +26,7 @@ NVCC = shutil.which("nvcc")
 
 def _nvrtc_ok() -> bool:
     try:
-        from metal_accel.backends.cuda import nvrtc_available
+        from metal_accel.backends.cuda.backend import nvrtc_available
         return nvrtc_available()
     except Exception:
         return False
@@ -67,7 +67,7 @@ def test_compiles_with_nvcc(path, tmp_path):
 @pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC (cuda-python + nvidia-cuda-nvrtc) not installed")
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_compiles_with_nvrtc(path):
-    from metal_accel.backends.cuda import nvrtc_compile, nvrtc_options, toolkit_include_dirs
+    from metal_accel.backends.cuda.backend import nvrtc_compile, nvrtc_options, toolkit_include_dirs
     cand = _load(path)
     if not toolkit_include_dirs() and "#include <cuda" in cand.source:
         pytest.skip("CUDA toolkit headers not found")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metal_accel.candidate import parse_candidate
+from metal_accel.core.candidate import parse_candidate
 
 CANDIDATE = Path(__file__).resolve().parent.parent / "benchmarks" / "candidates" / "cuda" / "L1_90_cumprod.py"
 

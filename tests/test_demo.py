@@ -62,12 +62,12 @@ def _module(name: str, model: demo.TinyLlama) -> torch.nn.Module:
 def test_kernel_candidates_match_eager(name):
     """Each candidate passes the source and host checks, compiles, and matches eager closely on
     several shapes (few rows, padded panels, batches) and magnitudes; every output is written."""
-    from metal_accel.backends.cpu import CpuBackend
-    from metal_accel.candidate import parse_candidate
-    from metal_accel.ops import ModuleLayout
-    from metal_accel.prove import kernels_only
-    from metal_accel.sandbox import check_host_code, load_forward
-    from metal_accel.source_check import check_kernel_source
+    from metal_accel.backends.cpu.backend import CpuBackend
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.runtime.ops import ModuleLayout
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.sandbox.host import check_host_code, load_forward
+    from metal_accel.sandbox.kernel_source import check_kernel_source
 
     backend = CpuBackend()
     cand = parse_candidate((KERNELS / f"{name}.py").read_text(), "cpu")

@@ -15,13 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from metal_accel import cache as cache_mod, get_backend
-from metal_accel.autoload import kernel_for_call
-from metal_accel.builtin_compile import compile_candidate
-from metal_accel.cache import CacheEntry, Verdict
-from metal_accel.candidate import parse_candidate
-from metal_accel.keys import class_path, class_source_sha, entry_key, module_fingerprint
-from metal_accel.specs import InputSpec, OutputSpec
+from metal_accel.store import cache as cache_mod
+from metal_accel import get_backend
+from metal_accel.auto.autoload import kernel_for_call
+from metal_accel.candidates.compile import compile_candidate
+from metal_accel.store.cache import CacheEntry, Verdict
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.core.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from metal_accel.core.specs import InputSpec, OutputSpec
 
 HERE = Path(__file__).parent
 
@@ -84,7 +85,7 @@ def run_python(script: str, **env: str) -> dict:
 
 PATCHED = """
 import json, torch
-import metal_accel, metal_accel.hook as hook
+import metal_accel, metal_accel.auto.hook as hook
 from torch import nn
 m = nn.Sequential(nn.LayerNorm(8)).eval()
 scripted = torch.jit.script(m)
@@ -119,7 +120,7 @@ def test_an_accepted_kernel_patches_its_class_and_foreign_ones_only_under_first_
 
 SCRIPT_AND_TRACE = """
 import json, torch
-import metal_accel, metal_accel.hook as hook
+import metal_accel, metal_accel.auto.hook as hook
 from torch import nn
 torch.manual_seed(0)
 m = nn.Sequential(nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 8)).eval()
@@ -159,7 +160,7 @@ def counting_compile(*a, **k):
     compiles.append(repr(a[:1]))
     return _compile(*a, **k)
 torch.compile = counting_compile
-import metal_accel, metal_accel.hook as hook
+import metal_accel, metal_accel.auto.hook as hook
 from torch import nn
 from torch._dynamo.utils import counters
 lin = nn.Linear(256, 256).eval()

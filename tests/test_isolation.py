@@ -65,7 +65,7 @@ def test_worker_memory_cap_grows_with_the_request():
     import subprocess
     import sys
     code = """
-import torch, metal_accel.worker as w
+import torch, metal_accel.proof.worker as w
 big = (w.MEMORY_HEADROOM + (2 << 30)) // 4  # floats: 2 GiB over the headroom, address space only (never touched)
 w._limit_memory("cpu", 1 << 30)
 torch.empty(big)

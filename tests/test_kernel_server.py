@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from metal_accel import kernel_server, native_policy
+from metal_accel.runtime import kernel_server, native_policy
 from metal_accel.backends import get_backend
-from metal_accel.backends.cpu import CpuLibrary
-from metal_accel.backends.mps_emu import MpsEmuBackend
-from metal_accel.candidate import parse_candidate
-from metal_accel.errors import KernelLaunchError, MetalAccelError
-from metal_accel.kernel_server import KernelServerError, RemoteLibrary
+from metal_accel.backends.cpu.backend import CpuLibrary
+from metal_accel.backends.mps_emu.backend import MpsEmuBackend
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.core.errors import KernelLaunchError, MetalAccelError
+from metal_accel.runtime.kernel_server import KernelServerError, RemoteLibrary
 from toymodels import GOOD
 
 pytestmark = pytest.mark.needs_cxx
@@ -167,9 +167,9 @@ def test_server_dies_with_its_parent(tmp_path: Path) -> None:
         import os, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from metal_accel.backends import get_backend
-        from metal_accel.kernel_server import RemoteLibrary, server_process
+        from metal_accel.runtime.kernel_server import RemoteLibrary, server_process
         from toymodels import GOOD
-        from metal_accel.candidate import parse_candidate
+        from metal_accel.core.candidate import parse_candidate
         RemoteLibrary(get_backend("cpu"), parse_candidate(GOOD, "cpu").source)
         print(server_process().pid, flush=True)
         os.kill(os.getpid(), 9)
@@ -202,7 +202,7 @@ def test_policy_untrusted_kernels_go_to_the_server() -> None:
 
 def test_policy_shipped_and_opted_in_kernels_run_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
-    from metal_accel import config
+    from metal_accel.core import config
     shipped = json.loads(next(config.shipped_cache_dir().glob("cpu/*.json")).read_text())["candidate"]["source"]
     assert native_policy.is_trusted(shipped) and not native_policy.is_trusted(CHAIN)
     assert isinstance(native_policy.runtime_library(get_backend("cpu"), shipped), CpuLibrary)

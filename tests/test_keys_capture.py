@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from metal_accel.capture import MAX_COMPOSITE_MODULES, capture
-from metal_accel.keys import entry_key, module_fingerprint
-from metal_accel.specs import InputSpec, OutputSpec, call_signature
+from metal_accel.runtime.capture import MAX_COMPOSITE_MODULES, capture
+from metal_accel.core.keys import entry_key, module_fingerprint
+from metal_accel.core.specs import InputSpec, OutputSpec, call_signature
 
 from toymodels import Chain, Net
 

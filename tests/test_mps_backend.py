@@ -14,19 +14,20 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import blocks, cache as cache_mod, demo
+from metal_accel import blocks, demo
+from metal_accel.store import cache as cache_mod
 from metal_accel.backends import known_backends
-from metal_accel.backends import mps
-from metal_accel.backends.mps import MpsBackend, launch_geometry, pack_arguments, pack_scalar
-from metal_accel.bench import TimingRejected
-from metal_accel.cache import CacheDir, CacheEntry
-from metal_accel.candidate import parse_candidate
-from metal_accel.errors import CompileError, KernelLaunchError
-from metal_accel.keys import entry_key
-from metal_accel.ops import ModuleLayout
-from metal_accel.prove import kernels_only
-from metal_accel.retarget import for_device, for_real_device
-from metal_accel.sandbox import load_forward
+from metal_accel.backends.mps import backend as mps
+from metal_accel.backends.mps.backend import MpsBackend, launch_geometry, pack_arguments, pack_scalar
+from metal_accel.proof.speed import TimingRejected
+from metal_accel.store.cache import CacheDir, CacheEntry
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.core.errors import CompileError, KernelLaunchError
+from metal_accel.core.keys import entry_key
+from metal_accel.runtime.ops import ModuleLayout
+from metal_accel.proof.prove import kernels_only
+from metal_accel.store.retarget import for_device, for_real_device
+from metal_accel.sandbox.host import load_forward
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels_src" / "mps"
@@ -444,8 +445,8 @@ def test_a_real_device_proves_speed_before_installing_an_emulator_proven_kernel(
         fake_mps: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """No verdict for the Mac's environment: the pipeline proves correctness and speed there, once."""
     from metal_accel.pipeline import Pipeline
-    from metal_accel.prove import ProofSettings
-    from metal_accel.capture import capture
+    from metal_accel.proof.prove import ProofSettings
+    from metal_accel.runtime.capture import capture
     entry = _silu_entry()
     shader = FakeCompileShader(emulate=True)  # the "device" runs kernels through the emulator
     monkeypatch.setattr(mps, "_compile_shader", lambda: shader)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from metal_accel.backends import get_backend, known_backends
-from metal_accel.backends import mps_emu
-from metal_accel.backends.mps_emu import MpsEmuBackend
-from metal_accel.errors import CompileError, KernelLaunchError
+from metal_accel.backends.mps_emu import backend as mps_emu
+from metal_accel.backends.mps_emu.backend import MpsEmuBackend
+from metal_accel.core.errors import CompileError, KernelLaunchError
 
 pytestmark = [pytest.mark.needs_cxx, pytest.mark.skipif(not MpsEmuBackend().is_available(), reason="no C++ compiler")]
 

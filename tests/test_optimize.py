@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import cache as cache_mod
+from metal_accel.store import cache as cache_mod
 
 from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Chain, Net
 
@@ -232,8 +232,8 @@ def test_candidates_that_pass_but_lose_are_reported_as_outpaced(tmp_path):
 
 def test_cpu_verdicts_carry_no_graph_launch_and_a_graph_verdict_is_ignored_off_cuda(tmp_path):
     from metal_accel.backends import get_backend
-    from metal_accel.builtin_compile import candidate_op
-    from metal_accel.ops import KernelOp
+    from metal_accel.candidates.compile import candidate_op
+    from metal_accel.runtime.ops import KernelOp
 
     model, x = Net().eval(), torch.randn(4, 256)
     metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD)])
@@ -249,8 +249,8 @@ def test_cpu_verdicts_carry_no_graph_launch_and_a_graph_verdict_is_ignored_off_c
 
 
 def test_a_rejected_kernel_names_its_graph_replay_too_where_one_was_timed():
-    from metal_accel.bench import BenchResult
-    from metal_accel.prove import rejection_reason
+    from metal_accel.proof.speed import BenchResult
+    from metal_accel.proof.prove import rejection_reason
 
     direct = BenchResult(100.0, 120.0, 0.83, 0.8, 0.01, 0.01, 50, False, "not faster: 0.83x eager (needs >= 1.05x)")
     assert rejection_reason(direct, {}) == direct.reason  # CPU, or the graph launch switched off
@@ -269,7 +269,7 @@ class WideChain(Chain):
 
 
 def test_file_candidates_are_tried_for_composites_too_large_for_a_prompt(tmp_path):
-    from metal_accel.capture import llm_limit
+    from metal_accel.runtime.capture import llm_limit
     model, x = WideChain().eval(), torch.randn(4, 256)
     assert llm_limit(model)  # no LLM would be asked for it
     folder = tmp_path / "cands" / "cpu"

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import metal_accel
-from metal_accel.perturb import perturbed_values, swapped_state
+from metal_accel.proof.perturb import perturbed_values, swapped_state
 
 from test_optimize import candidates
 

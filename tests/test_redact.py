@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from metal_accel.redact import redact, redact_obj
-from metal_accel.synth.scrub import REDACTED, scrub
+from metal_accel.core.redact import redact, redact_obj
+from metal_accel.core.scrub import REDACTED, scrub
 
 
 @pytest.fixture

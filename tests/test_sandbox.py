@@ -7,8 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from metal_accel.errors import SandboxError
-from metal_accel.sandbox import build_namespace, check_host_code, load_forward
+from metal_accel.core.errors import SandboxError
+from metal_accel.sandbox.host import build_namespace, check_host_code, load_forward
 
 GOOD = textwrap.dedent('''
     """RMSNorm followed by a gated projection."""
@@ -256,7 +256,7 @@ def test_proof_allocations_look_like_stale_memory_never_poison() -> None:
 
 
 def test_proof_call_fences_every_allocation_with_storage_offset_zero() -> None:
-    from metal_accel.trial_buffers import GUARD_BYTES, guard_of, proof_call
+    from metal_accel.proof.trial_buffers import GUARD_BYTES, guard_of, proof_call
     torch_p = build_namespace(None, proof=True)["torch"]
     for fill in ("plain", "noise", "leftover"):
         with proof_call(fill, [torch.full((5,), 7.0)]) as bufs:
@@ -275,7 +275,7 @@ def test_proof_call_fences_every_allocation_with_storage_offset_zero() -> None:
 
 
 def test_load_forward_proof_reaches_host_code() -> None:
-    from metal_accel.trial_buffers import guard_of, proof_call
+    from metal_accel.proof.trial_buffers import guard_of, proof_call
     code = "SOURCE = ''\ndef forward(module, x):\n    return torch.empty_like(x)\n"
     with proof_call("noise"):
         out = load_forward(code, None, proof=True)(None, torch.zeros(300))
@@ -311,7 +311,7 @@ def _numbered() -> torch.nn.Module:
 
 
 def test_numbered_children_reachable_by_index() -> None:
-    from metal_accel.ops import ModuleLayout
+    from metal_accel.runtime.ops import ModuleLayout
     module = _numbered()
     layout = ModuleLayout(module)
     fwd = load_forward(NUMBERED, _Lib())
@@ -332,7 +332,7 @@ def test_numbered_children_checked_like_attributes(body: str, construct: str) ->
 
 
 def test_numbered_child_index_must_name_a_child_at_run_time() -> None:
-    from metal_accel.ops import ModuleLayout
+    from metal_accel.runtime.ops import ModuleLayout
     layout = ModuleLayout(_numbered())
     view = layout.view(layout.gather())
     for bad in (3, "0", 1.0, -1):

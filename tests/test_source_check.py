@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from metal_accel.source_check import SourceCheckError, check_kernel_source
+from metal_accel.sandbox.kernel_source import SourceCheckError, check_kernel_source
 
 from toymodels import GOOD
 

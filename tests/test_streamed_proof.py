@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import metal_accel
-from metal_accel import prove as prove_mod
-from metal_accel.prove import streamed_proof
-from metal_accel.specs import InputSpec
-from metal_accel.validate import Judge, run_and_judge, run_trial, spec_bytes, trial_batches, trial_plan
+from metal_accel.proof import prove as prove_mod
+from metal_accel.proof.prove import streamed_proof
+from metal_accel.core.specs import InputSpec
+from metal_accel.proof.validate import Judge, run_and_judge, run_trial, spec_bytes, trial_batches, trial_plan
 
 from test_optimize import candidates
 from test_perturbed_proof import NORM, FreshNorm, report
@@ -99,8 +99,8 @@ def test_an_isolated_proof_sends_one_worker_request_per_batch(tmp_path, monkeypa
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_large_inputs_are_drawn_in_their_own_precision_from_the_secret_seed(device):
     """On a GPU drawn there; on the CPU in parts, each from its own generator, by parallel threads."""
-    from metal_accel.specs import TensorSpec
-    from metal_accel.testdata import DEVICE_FILL_NUMEL, HOST_PART_NUMEL, make_tensor
+    from metal_accel.core.specs import TensorSpec
+    from metal_accel.proof.testdata import DEVICE_FILL_NUMEL, HOST_PART_NUMEL, make_tensor
     numel = DEVICE_FILL_NUMEL if device == "cuda" else 2 * HOST_PART_NUMEL + 1024  # parts: two whole, one short
     spec = TensorSpec.of(torch.empty(numel // 1024, 1024))
 

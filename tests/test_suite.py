@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from metal_accel import blocks
-from metal_accel.cli import main
-from metal_accel.problems import load_problems
-from metal_accel.suite import Row, SuiteResult, fit_batch, problem_key, select
-from metal_accel.suite_report import markdown
+from metal_accel.cli.main import main
+from metal_accel.kernelbench.problems import load_problems
+from metal_accel.kernelbench.runner import Row, SuiteResult, fit_batch, problem_key, select
+from metal_accel.kernelbench.report import markdown
 
 PROBLEM = '''
 import torch
@@ -133,8 +133,8 @@ def test_blocks_run_eagerly_and_have_cuda_sources():
 def test_mismatch_reason_tells_irreproducible_eager_from_installed_modules():
     from types import SimpleNamespace
 
-    from metal_accel.suite_problem import _mismatch_reason
-    from metal_accel.validate import Mismatch
+    from metal_accel.kernelbench.problem import _mismatch_reason
+    from metal_accel.proof.validate import Mismatch
 
     class Noisy(torch.nn.Module):
         def forward(self, x):
@@ -151,7 +151,7 @@ def test_mismatch_reason_tells_irreproducible_eager_from_installed_modules():
 
 
 def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
-    from metal_accel.suite_problem import _candidate_correct
+    from metal_accel.kernelbench.problem import _candidate_correct
     row = Row("L2_1_x", 2, 1, "x", attempted=True, status="compile",
               outpaced=["dir:cands/x.py: 1.30x eager over 500 interleaved pairs"])
     assert _candidate_correct(row) is True
@@ -164,7 +164,7 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
 
 
 def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monkeypatch):
-    import metal_accel.suite_problem as sp
+    import metal_accel.kernelbench.problem as sp
     heavy = PROBLEM.replace("self.scale = scale", "self.scale = scale\n        self.proj = nn.Linear(1024, 1024)")
     (tmp_path / "9_Heavy.py").write_text(heavy)
     (p,) = load_problems(tmp_path / "9_Heavy.py")
@@ -189,7 +189,7 @@ def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monk
 
 
 def test_a_problem_too_large_for_the_cap_is_skipped_not_run(tmp_path):
-    from metal_accel.suite_problem import run_problem
+    from metal_accel.kernelbench.problem import run_problem
     big = PROBLEM.replace("batch_size = 64\n", "").replace("torch.randn(batch_size, dim)", "torch.randn(1024, dim)")
     (tmp_path / "8_Big.py").write_text(big)
     (p,) = load_problems(tmp_path / "8_Big.py")

@@ -6,8 +6,8 @@ import pytest
 
 from metal_accel.synth.budget import Budget, Limits, Meter, cost_of, price_of
 from metal_accel.synth.models import ModelSpec, ProviderConfigError, is_model_spec, parse_model, resolve_models
-from metal_accel.synth.providers import build_providers
-from metal_accel.synth.scrub import REDACTED, register_secret, scrub, scrub_exception
+from metal_accel.candidates.providers import build_providers
+from metal_accel.core.scrub import REDACTED, register_secret, scrub, scrub_exception
 from metal_accel.synth.settings import SynthSettings
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import metal_accel
-from metal_accel import cache as cache_mod
+from metal_accel.store import cache as cache_mod
 from metal_accel.synth.budget import Limits
 from metal_accel.synth.loop import SynthesisLoop
 from metal_accel.synth.models import ProviderConfigError
@@ -312,7 +312,7 @@ def test_cli_synth_recorded_runs_the_llm_on_recorded_calls(llm, capsys, isolated
     import os
     import subprocess
     import sys
-    from metal_accel.cli import main
+    from metal_accel.cli.main import main
     here = Path(__file__).parent
     server = llm({"gpt-4o": [fence(GOOD)]})
     assert main(["synth", "--recorded", "--models", "openai:gpt-4o"]) == 1  # nothing recorded yet

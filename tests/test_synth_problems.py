@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from metal_accel.cli import main
-from metal_accel.keys import module_fingerprint
-from metal_accel.problems import ProblemError, load_problems
+from metal_accel.cli.main import main
+from metal_accel.core.keys import module_fingerprint
+from metal_accel.kernelbench.problems import ProblemError, load_problems
 
 from llm_server import ScriptedLLM
 from test_synth_loop import SECRET, fence, poly_candidate

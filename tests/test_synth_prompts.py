@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 import metal_accel
-from metal_accel import cache as cache_mod
+from metal_accel.store import cache as cache_mod
 from metal_accel.backends.base import Environment
-from metal_accel.cache import CacheEntry, Verdict
-from metal_accel.candidate import Candidate, parse_candidate
-from metal_accel.keys import class_path, entry_key, module_fingerprint
-from metal_accel.problems import Problem
-from metal_accel.specs import InputSpec, OutputSpec
+from metal_accel.store.cache import CacheEntry, Verdict
+from metal_accel.core.candidate import Candidate, parse_candidate
+from metal_accel.core.keys import class_path, entry_key, module_fingerprint
+from metal_accel.kernelbench.problems import Problem
+from metal_accel.core.specs import InputSpec, OutputSpec
 from metal_accel.synth import prompts
-from metal_accel.synth.base import Evaluation, SynthesisRequest
+from metal_accel.core.provider import Evaluation, SynthesisRequest
 from metal_accel.synth.context import find_references, profile_breakdown
 from metal_accel.synth.loop import SynthesisLoop
 from metal_accel.synth.settings import SynthSettings
@@ -89,8 +89,8 @@ def test_worked_examples_are_well_formed_candidates(language):
     text = prompts.worked_example(language)
     cand = parse_candidate(text, "x")  # the answer block, not the module block
     assert "rmsnorm" in cand.source
-    from metal_accel.sandbox import check_host_code
-    from metal_accel.source_check import check_kernel_source
+    from metal_accel.sandbox.host import check_host_code
+    from metal_accel.sandbox.kernel_source import check_kernel_source
     check_host_code(cand.code)
     check_kernel_source(cand.source, language)
 
@@ -198,8 +198,8 @@ def test_torch_compile_time_and_code_are_context_to_beat():
 
     import torch
 
-    from metal_accel.specs import InputSpec, OutputSpec
-    from metal_accel.synth.base import SynthesisRequest
+    from metal_accel.core.specs import InputSpec, OutputSpec
+    from metal_accel.core.provider import SynthesisRequest
     from metal_accel.synth.prompts import task_prompt
     from toymodels import Chain
     x = torch.randn(4, 256)

@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 
-from metal_accel.bench import compare_speed
-from metal_accel.specs import InputSpec
-from metal_accel.testdata import make_inputs
-from metal_accel.validate import Mismatch, compare_output, validate
+from metal_accel.proof.speed import compare_speed
+from metal_accel.core.specs import InputSpec
+from metal_accel.proof.testdata import make_inputs
+from metal_accel.proof.validate import Mismatch, compare_output, validate
 
 
 def softmax(x):
@@ -133,7 +133,7 @@ def test_bench_accepts_a_clear_win_and_rejects_a_loss():
 
 
 def test_the_gate_bounds_the_median_pair_not_the_quartile():
-    from metal_accel.bench import median_lower_bound
+    from metal_accel.proof.speed import median_lower_bound
     assert median_lower_bound(list(range(30))) == 8  # about the 27th percentile of 30 pairs
     assert median_lower_bound(list(range(500))) == 223  # about the 45th of 500
     # a clear win with a noisy quarter of pairs (the kernel slower in 30% of them) passes the bound ...
@@ -225,7 +225,7 @@ def test_output_strides_must_match_eager():
 
 
 def test_spot_checks_catch_a_kernel_that_changes_while_timed():
-    from metal_accel.validate import spot_check
+    from metal_accel.proof.validate import spot_check
     calls = []
 
     def eager(x):
@@ -242,7 +242,7 @@ def test_spot_checks_catch_a_kernel_that_changes_while_timed():
 def test_ill_conditioned_output_judged_by_eagers_error_level_not_its_luck():
     """Normalizing nearly constant rows: eager and the same computation summed in another order are equally
     inaccurate, at different elements. The reordered one passes; a 1% scale error still fails."""
-    from metal_accel.validate import Mismatch, compare_output
+    from metal_accel.proof.validate import Mismatch, compare_output
 
     def norm(x):
         d = x - x.mean(-1, keepdim=True)
@@ -261,7 +261,7 @@ def test_ill_conditioned_output_judged_by_eagers_error_level_not_its_luck():
 
 
 def test_spot_checks_hold_ill_conditioned_outputs_to_the_proofs_rule():
-    from metal_accel.validate import Mismatch, spot_check
+    from metal_accel.proof.validate import Mismatch, spot_check
 
     def norm(x):
         d = x - x.mean(-1, keepdim=True)
@@ -282,8 +282,8 @@ def test_spot_checks_hold_ill_conditioned_outputs_to_the_proofs_rule():
 def test_speed_gate_times_the_callers_own_inputs():
     """Speed can depend on values (eager's ELU skips expm1 on positive inputs): the gate times copies of
     the example the caller gave, and fresh normal inputs only where that example does not fit the spec."""
-    from metal_accel.capture import ModuleCall
-    from metal_accel.prove import TIMING_SETS, timing_inputs
+    from metal_accel.runtime.capture import ModuleCall
+    from metal_accel.proof.prove import TIMING_SETS, timing_inputs
 
     x = torch.rand(4, 8)  # all positive, unlike normal inputs
     call = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (x,), {})
@@ -297,8 +297,8 @@ def test_speed_gate_times_the_callers_own_inputs():
 
 
 def test_speed_gate_holds_fewer_copies_of_large_inputs(monkeypatch):
-    from metal_accel import prove
-    from metal_accel.capture import ModuleCall
+    from metal_accel.proof import prove
+    from metal_accel.runtime.capture import ModuleCall
 
     x = torch.rand(256, 1024)  # 1 MiB
     call = ModuleCall("m", torch.nn.ELU(), InputSpec.of((x,)), None, (x,), {})

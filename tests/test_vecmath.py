@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import torch
 
-from metal_accel.backends.cpu import compile_flags as cpu_compile_flags
-from metal_accel.config import include_dir
+from metal_accel.backends.cpu.backend import compile_flags as cpu_compile_flags
+from metal_accel.core.config import include_dir
 
 CXX = shutil.which("g++") or shutil.which("c++")
 pytestmark = [pytest.mark.needs_cxx, pytest.mark.skipif(CXX is None, reason="no C++ compiler")]

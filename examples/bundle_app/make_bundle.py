@@ -23,8 +23,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["METAL_ACCEL_USER_CACHE"] = tempfile.mkdtemp(prefix="bundle_build_")  # start from nothing
     import metal_accel
-    from metal_accel import cache as cache_mod
-    from metal_accel.bundle import export_bundle
+    from metal_accel.store import cache as cache_mod
+    from metal_accel.store.bundle import export_bundle
     from metal_accel.demo import build_demo_model, demo_inputs
 
     model = build_demo_model().eval()

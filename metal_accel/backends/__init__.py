@@ -6,15 +6,15 @@ import importlib
 
 import torch
 
-from ..errors import BackendUnavailableError
+from ..core.errors import BackendUnavailableError
 from .base import Backend, Environment, KernelLibrary
 
 # name -> "module:Class" (relative to this package); each new backend adds one line
 _REGISTRY: dict[str, str] = {
-    "cpu": ".cpu:CpuBackend",
-    "cuda": ".cuda:CudaBackend",
-    "mps": ".mps:MpsBackend",
-    "mps-emu": ".mps_emu:MpsEmuBackend",
+    "cpu": ".cpu.backend:CpuBackend",
+    "cuda": ".cuda.backend:CudaBackend",
+    "mps": ".mps.backend:MpsBackend",
+    "mps-emu": ".mps_emu.backend:MpsEmuBackend",
 }
 
 # torch device type -> backend name

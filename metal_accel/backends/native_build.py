@@ -15,7 +15,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..errors import CompileError
+from ..core.errors import CompileError
 
 MAX_DIAGNOSTICS = 4000
 # variables that would add include directories or write dependency files behind our back

@@ -14,8 +14,8 @@ import queue
 import threading
 from typing import Any, Awaitable, Callable, TypeVar
 
-from ..candidate import Candidate
-from .base import Evaluation
+from ..core.candidate import Candidate
+from ..core.provider import Evaluation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

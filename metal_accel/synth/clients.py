@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import MetalAccelError
+from ..core.errors import MetalAccelError
 from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
-from .scrub import register_secret, scrub_exception
+from ..core.scrub import register_secret, scrub_exception
 from .settings import SynthSettings
 
 log = logging.getLogger(__name__)

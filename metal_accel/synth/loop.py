@@ -7,11 +7,11 @@ from typing import Sequence
 
 import torch
 
-from ..candidate import Candidate
-from ..errors import MetalAccelError
-from ..keys import entry_key
-from ..specs import TensorSpec
-from .base import Evaluate, Evaluation, SynthesisRequest
+from ..core.candidate import Candidate
+from ..core.errors import MetalAccelError
+from ..core.keys import entry_key
+from ..core.specs import TensorSpec
+from ..core.provider import Evaluate, Evaluation, SynthesisRequest
 from .bridge import run_with_evaluator
 from .budget import Budget, Meter
 from .clients import check_configured, make_client

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import MetalAccelError
+from ..core.errors import MetalAccelError
 
 MODELS_ENV = "METAL_ACCEL_MODELS"
 COMPATIBLE_KEY_ENV = "METAL_ACCEL_COMPATIBLE_API_KEY"

@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .base import Evaluation
+from ..core.provider import Evaluation
 
 
 @dataclass

@@ -16,16 +16,16 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import attest, cache as cache_mod
+from metal_accel.store import attest, cache as cache_mod
 from metal_accel.backends import get_backend
-from metal_accel.bundle import export_bundle, verify_bundle
-from metal_accel.cache import CacheEntry, Verdict
-from metal_accel.candidate import parse_candidate
-from metal_accel.cli import main
-from metal_accel.errors import CacheError
-from metal_accel.keys import class_path, class_source_sha, entry_key, module_fingerprint
-from metal_accel.specs import InputSpec, OutputSpec
-from metal_accel.synth.base import Evaluation
+from metal_accel.store.bundle import export_bundle, verify_bundle
+from metal_accel.store.cache import CacheEntry, Verdict
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.cli.main import main
+from metal_accel.core.errors import CacheError
+from metal_accel.core.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from metal_accel.core.specs import InputSpec, OutputSpec
+from metal_accel.core.provider import Evaluation
 
 from harness import candidate_dir
 from toymodels import GOOD, WRONG, Chain, Net

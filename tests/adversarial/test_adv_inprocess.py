@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import native_policy
-from metal_accel.candidate import parse_candidate
+from metal_accel.runtime import native_policy
+from metal_accel.core.candidate import parse_candidate
 
 from harness import candidate_dir, kernel_with, markers, run_attack
 from toymodels import Net

@@ -10,7 +10,7 @@ from torch import nn
 
 import metal_accel
 from metal_accel.api import GRAD_NOTE
-from metal_accel.model_state import StateGuard, bit_equal
+from metal_accel.runtime.model_state import StateGuard, bit_equal
 
 from harness import candidate_dir, kernel_with, run_attack
 from toymodels import GOOD, Net

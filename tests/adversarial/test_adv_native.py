@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from metal_accel import prove
+from metal_accel.proof import prove
 
 from harness import kernel_with, markers, run_attack
 
@@ -101,7 +101,7 @@ def test_socket_to_local_listener_gets_no_connection(tmp_path, stage):
 
 @pytest.mark.parametrize("how", ["relative", "absolute"])
 def test_include_outside_never_quotes_the_file(tmp_path, stage, how):
-    from metal_accel import config
+    from metal_accel.core import config
     secret = config.user_cache_dir() / "secret.h"  # three levels above the compile's scratch directory
     secret.parent.mkdir(parents=True, exist_ok=True)
     secret.write_text("API_KEY = sk-secret-31337;\nint leaked_from_home() { return 1; }\n")

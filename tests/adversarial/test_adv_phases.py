@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel.bench import _sample_pairs, compare_speed, time_call
-from metal_accel.compare import Mismatch
-from metal_accel.specs import InputSpec
-from metal_accel.testdata import PAD, ROW_KINDS, STRUCTURED, make_inputs
-from metal_accel.trial_buffers import FILLS, next_fill
-from metal_accel.validate import run_trial, trial_plan, validate
+from metal_accel.proof.speed import _sample_pairs, compare_speed, time_call
+from metal_accel.proof.compare import Mismatch
+from metal_accel.core.specs import InputSpec
+from metal_accel.proof.testdata import PAD, ROW_KINDS, STRUCTURED, make_inputs
+from metal_accel.proof.trial_buffers import FILLS, next_fill
+from metal_accel.proof.validate import run_trial, trial_plan, validate
 
 from harness import candidate_dir, kernel_with
 from toymodels import _CHAIN_BODY, CHAIN_HOST, Net, chain_candidate
@@ -66,8 +66,8 @@ def test_fills_are_never_nan_and_every_kind_comes_in_any_window_of_the_deck():
     draws = [next_fill() for _ in range(60)]
     window = 2 * len(FILLS) - 1
     assert all(set(draws[i:i + window]) == set(FILLS) for i in range(len(draws) - window))
-    from metal_accel.sandbox import load_forward
-    from metal_accel.trial_buffers import proof_call
+    from metal_accel.sandbox.host import load_forward
+    from metal_accel.proof.trial_buffers import proof_call
     fwd = load_forward("SOURCE = ''\ndef forward(module, x):\n    return torch.empty_like(x)\n", None, proof=True)
     x = torch.randn(8, 64)
     for fill in ("noise", "leftover"):
@@ -79,7 +79,7 @@ def test_fills_are_never_nan_and_every_kind_comes_in_any_window_of_the_deck():
 def test_an_unwritten_element_is_caught_by_the_repeat_whatever_the_first_fill():
     """The repeat call gets fresh noise: an element left unwritten differs between the two calls, even where the
     first call's fill (plain, leftover) happened to hold the right value."""
-    from metal_accel.sandbox import load_forward
+    from metal_accel.sandbox.host import load_forward
     code = ("SOURCE = ''\ndef forward(module, x):\n    out = torch.empty_like(x)\n"
             "    out[1:] = x[1:] * 2\n    return out\n")
     fwd = load_forward(code, None, proof=True)
@@ -166,9 +166,9 @@ def test_every_plan_has_structured_rows_and_padded_rows_meet_every_candidate():
 
 
 def test_structured_integer_inputs_stay_in_the_observed_range():
-    from metal_accel.specs import TensorSpec
+    from metal_accel.core.specs import TensorSpec
     spec = TensorSpec((12, 40), "int64", (40, 1), "cpu", (3, 9))
-    from metal_accel.testdata import make_tensor
+    from metal_accel.proof.testdata import make_tensor
     t = make_tensor(spec, STRUCTURED, torch.Generator().manual_seed(0), "cpu")
     assert t.min() >= 3 and t.max() <= 9 and (t == 3).any() and (t == 9).any()
 

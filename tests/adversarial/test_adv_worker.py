@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import metal_accel
-from metal_accel import config, confine, worker
+from metal_accel.core import config
+from metal_accel.sandbox import confine
+from metal_accel.proof import worker
 
 from harness import candidate_dir, kernel_with
 from toymodels import Net

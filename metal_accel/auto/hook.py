@@ -1,0 +1,298 @@
+"""Zero-code use: `import metal_accel` patches the module classes that the active caches name.
+
+A class is patched when its module is imported (at once if it already is), only if some cache entry
+holds a kernel that may run here (build_plans: accepted on this machine, or elsewhere under first-use;
+never a rejected entry, never a cached torch.compile, which only optimize() installs), and only if its
+source still hashes to what the cache recorded, so a changed library never gets a stale kernel. The new
+forward is invisible to TorchScript (torch.jit.script compiles the original: _script_transparent) and
+steps aside under torch.jit.trace, torch.compile and in training mode.
+The patched forward costs a shape check per call; calls whose first tensor's shape appears in no
+cache entry go straight to the original. Others get a per-instance Dispatcher that resolves each
+new input signature once: a cached kernel proven in this environment is installed; one proven
+elsewhere is proven here first (METAL_ACCEL_REVALIDATE=first-use, the default) or skipped
+(=optimize: only metal_accel.optimize() proves kernels).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import json
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..runtime import dispatch
+from ..store.cache import sealed_verdict
+from ..store.index import read_index
+from ..runtime.dispatch import ORIGINAL_FORWARDS, Dispatcher
+from ..runtime.ops import KernelOp, _is_compiling
+
+
+log = logging.getLogger(__name__)
+_AUTO_ATTR = "_metal_accel_auto"
+
+
+@dataclass
+class ClassPlan:
+    """What the caches hold for one module class."""
+
+    class_path: str
+    class_source_sha: str
+    shapes: set[tuple[int, ...]] = field(default_factory=set)  # first tensor argument's shapes
+
+
+_plans: dict[str, ClassPlan] = {}
+_pending: dict[str, list[str]] = {}  # module name -> class paths waiting for it to be imported
+_patched: dict[type, Callable[..., Any]] = {}
+_lock = threading.RLock()
+_active = False
+
+
+def revalidate_policy() -> str:
+    policy = os.environ.get("METAL_ACCEL_REVALIDATE", "first-use")
+    return policy if policy in ("first-use", "optimize") else "first-use"
+
+
+def _first_shape(input_spec: dict[str, Any]) -> tuple[int, ...] | None:
+    for arg in input_spec.get("args", []):
+        if arg.get("tensor"):
+            return tuple(arg["shape"])
+    return None
+
+
+def build_plans() -> dict[str, ClassPlan]:
+    """Class path -> plan, from the indexes of every active cache: only entries whose kernel may run here.
+
+    An entry counts when its candidate is a kernel (never a built-in torch.compile: compiling on a call
+    path the user never optimized stalls it for seconds) accepted in this machine's environment, or,
+    under METAL_ACCEL_REVALIDATE=first-use, accepted elsewhere with no verdict here yet. The first cache
+    holding a key decides it (lookup order: the user's verdicts come before a bundle's claims), so a
+    rejected entry patches nothing.
+    """
+    from ..backends import available_backends
+    from ..store.cache import all_caches
+    envs = _environment_ids(available_backends())  # kernels for a device this machine lacks patch nothing
+    first_use = revalidate_policy() == "first-use"
+    plans: dict[str, ClassPlan] = {}
+    seen: set[tuple[str, str]] = set()
+    for cache in all_caches():
+        if not cache.root.is_dir():
+            continue
+        for key, record in read_index(cache.root).items():
+            backend = record.get("backend")
+            if (backend, key) in seen or backend not in envs:
+                continue
+            seen.add((backend, key))
+            if not record.get("class_source_sha") or not record.get("accepted_envs"):
+                continue
+            if not _runs_here(cache.root / backend / f"{key}.json", envs[backend], first_use, cache.pin is not None):
+                continue
+            plan = plans.setdefault(record["module_class"],
+                                    ClassPlan(record["module_class"], record["class_source_sha"]))
+            shape = _first_shape(record["input_spec"])
+            if shape is not None and record["class_source_sha"] == plan.class_source_sha:
+                plan.shapes.add(shape)
+    return {path: plan for path, plan in plans.items() if plan.shapes}
+
+
+def _environment_ids(backends: list[str]) -> dict[str, str]:
+    """Backend name -> this machine's environment id, for every backend it has."""
+    from ..backends import get_backend
+    ids = {}
+    for name in backends:
+        try:
+            ids[name] = get_backend(name).environment().id
+        except Exception as exc:  # a backend that cannot name its device runs nothing automatically
+            log.info("metal_accel: %s: no environment (%s); its cached kernels are not used", name, exc)
+    return ids
+
+
+def _runs_here(path: Path, env_id: str, first_use: bool, vouched: bool = False) -> bool:
+    """Whether the entry at PATH holds a kernel (not a built-in) proven in ENV_ID (a verdict sealed by this
+    user's key, or VOUCHED for by a pinned bundle), or, with FIRST_USE, accepted somewhere (a claim, here or
+    elsewhere) and not yet proven here. Read as plain JSON: this only narrows what is patched; the entry is
+    checked in full when a call resolves it."""
+    try:
+        data = json.loads(path.read_text())
+        cand = data.get("candidate") or {}
+        verdicts = data.get("verdicts") or {}
+        if not cand or cand.get("kind", "kernel") != "kernel":
+            return False
+        digest = cand.get("digest")
+        accepted = {k for k, v in verdicts.items() if v.get("accepted") and v.get("candidate_digest") == digest}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+    if env_id in verdicts and (vouched or sealed_verdict(data, env_id)):
+        return env_id in accepted
+    return first_use and bool(accepted)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of modules that define cached classes, to patch them once executed."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._inner.exec_module(module)  # type: ignore[attr-defined]
+        _patch_module(module.__name__)
+
+
+_finder = _PatchingFinder()
+
+
+def _resolve_class(class_path: str) -> type | None:
+    """The class at `class_path` if its defining module is imported."""
+    parts = class_path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        mod = sys.modules.get(".".join(parts[:i]))
+        if mod is None:
+            continue
+        obj: Any = mod
+        for name in parts[i:]:
+            obj = getattr(obj, name, None)
+        return obj if isinstance(obj, type) and issubclass(obj, nn.Module) else None
+    return None
+
+
+def _patch_module(module_name: str) -> None:
+    with _lock:
+        for class_path in _pending.pop(module_name, []):
+            cls = _resolve_class(class_path)
+            if cls is not None:
+                patch_class(cls, _plans[class_path])
+
+
+def patch_class(cls: type, plan: ClassPlan) -> bool:
+    """Replace cls.forward with the auto-dispatching forward; False if the source has changed."""
+    from ..core.keys import class_source_sha
+    from ..core.specs import UnsupportedCall
+    if cls in _patched or "forward" not in vars(cls):
+        return False
+    try:
+        if class_source_sha(cls) != plan.class_source_sha:
+            log.info("metal_accel: %s changed since its kernels were cached; not patched", plan.class_path)
+            return False
+    except UnsupportedCall:
+        return False
+    original = vars(cls)["forward"]
+    ORIGINAL_FORWARDS[cls] = original
+    _patched[cls] = original
+    cls.forward = _script_transparent(_dispatching_forward(cls, original, frozenset(plan.shapes)), original)
+    return True
+
+
+def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozenset) -> Callable[..., Any]:
+    """The class's new forward: the original unless this exact class is called, in eval mode, outside any
+    tracer (torch.compile, export, torch.jit.trace), with a first tensor of a cached shape. Every name it
+    uses is a closure cell with a `_ma_` prefix: see _script_transparent."""
+    _ma_cls, _ma_original, _ma_shapes, _ma_dispatch = cls, original, shapes, dispatch
+    _ma_tensor, _ma_compiling, _ma_tracing = torch.Tensor, _is_compiling, torch._C._get_tracing_state
+    _ma_attr, _ma_auto = _AUTO_ATTR, _auto_dispatcher
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _ma_dispatch.bypass or type(self) is not _ma_cls or not args or self.training or _ma_compiling() \
+                or _ma_tracing() is not None:
+            return _ma_original(self, *args, **kwargs)  # traced by the user: their graph, eager code
+        first = args[0]
+        if type(first) is not _ma_tensor or first.shape not in _ma_shapes:
+            return _ma_original(self, *args, **kwargs)
+        auto = self.__dict__.get(_ma_attr)
+        if auto is None:
+            auto = _ma_auto(self, _ma_original)
+        return auto(*args, **kwargs)
+    return forward
+
+
+def _script_transparent(fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """FN rebuilt so that torch.jit.script compiles ORIGINAL in its place: it reads the source and signature
+    through `__wrapped__` and resolves names in the function's globals plus its closure cells, so FN gets
+    ORIGINAL's globals (it reads none itself: its own names are `_ma_` closure cells)."""
+    new = types.FunctionType(fn.__code__, original.__globals__, original.__name__, fn.__defaults__, fn.__closure__)
+    functools.update_wrapper(new, original)  # __wrapped__, __doc__, __name__, __qualname__, __annotations__
+    return new
+
+
+def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatcher:
+    disp = Dispatcher(module, original.__get__(module, type(module)))
+    disp.resolver = lambda args, kwargs: _resolve(module, args, kwargs)
+    module.__dict__[_AUTO_ATTR] = disp
+    return disp
+
+
+def _resolve(module: nn.Module, args: tuple, kwargs: dict) -> KernelOp | None:
+    """The kernel for this call from the caches, proven here if needed; None means eager. Never raises."""
+    try:
+        from .autoload import kernel_for_call
+        return kernel_for_call(module, args, kwargs, prove_here=revalidate_policy() == "first-use")
+    except Exception as exc:  # auto mode must never break the user's model
+        log.warning("metal_accel: %s: no kernel, running eager (%s: %s)", type(module).__name__,
+                    type(exc).__name__, exc)
+        return None
+
+
+def activate() -> int:
+    """Patch the classes named in the active caches; returns how many class paths are planned."""
+    global _plans, _active
+    with _lock:
+        _active = True
+        _plans = build_plans()
+        for class_path, plan in _plans.items():
+            cls = _resolve_class(class_path)
+            if cls is not None:
+                patch_class(cls, plan)
+                continue
+            # classes nested in other classes are patched only if their module is already imported
+            _pending.setdefault(class_path.rsplit(".", 1)[0], []).append(class_path)
+        if _pending and _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        return len(_plans)
+
+
+def deactivate() -> None:
+    """Put every patched class's forward back and forget the plans."""
+    global _active
+    with _lock:
+        _active = False
+        for cls, original in _patched.items():
+            cls.forward = original  # type: ignore[attr-defined]
+            ORIGINAL_FORWARDS.pop(cls, None)
+        _patched.clear()
+        _pending.clear()
+        _plans.clear()
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+
+
+def is_active() -> bool:
+    return _active
+
+
+def patched_classes() -> list[type]:
+    return list(_patched)

@@ -1,0 +1,401 @@
+"""MSL emulator backend ("mps-emu"): Metal kernels compiled as C++ and run over the grid on the CPU.
+
+`lib = MpsEmuBackend().compile(source)` then `lib.kernel(*args, threads=..., group_size=...)`, the
+call of `torch.mps.compile_shader` (PyTorch torch/csrc/mps/Module.cpp, MetalKernelFunction::dispatch):
+argument i binds buffer index i; a tensor binds its storage from its storage offset (strides are not
+applied), a Python int binds 8 bytes (int64), a float 4 bytes (float32), a list of numbers an array of
+those, unless `arg_casts` ("fp16", "bf16", "int32", "int16", "int8", "uint8", or {index: cast}) says
+otherwise. `threads` is the grid in threads (an int or 1-3 ints; default: the first tensor's numel);
+`group_size` the threadgroup (same number of dims; default min(threads, max) in 1-D, (max, 1, 1) in
+2-D/3-D); the last threadgroup of a dimension may be partial. The emulator proves kernels correct on
+machines without an Apple GPU; its timings say nothing about Metal's speed.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...core import config
+from ...core.errors import CompileError, KernelLaunchError
+from ...sandbox.binary_allow import MPS_EMU as MPS_EMU_POLICY
+from ...sandbox.binary_check import Baseline
+from ..artifact import baseline, check_and_place, discard, ensure_artifact
+from ..native_build import compile_shared, compiler_env, scrub_diagnostics
+from ..base import Environment, os_description, torch_major_minor
+from ..cpu.backend import _compiler_identity, artifact_path, cpu_name, find_compiler, openmp_flags
+from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
+from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
+
+COMPILE_TIMEOUT_S = 180
+EMULATOR_HEADERS = frozenset({"msl_emu/metal_stdlib.h"})  # the one header the translator's C++ includes
+SIMD_WIDTH = 32
+METAL_VERSION = 310  # MSL 3.1: what compile_shader targets on macOS 14
+
+compile_count = 0  # compiler invocations in this process (tests read it)
+
+_U = {n: (getattr(torch, n),) if hasattr(torch, n) else () for n in ("uint16", "uint32", "uint64")}
+# element type -> (tensor dtypes accepted, kind, bytes); kind: f float, bf bfloat, i signed, u unsigned, b bool
+_ELEMS: dict[str, tuple[tuple[torch.dtype, ...], str, int]] = {}
+for _names, _dts, _kind, _size in (
+        (("float",), (torch.float32,), "f", 4), (("half",), (torch.float16,), "f", 2),
+        (("bfloat",), (torch.bfloat16,), "bf", 2),
+        (("int", "int32_t"), (torch.int32,), "i", 4), (("uint", "uint32_t"), (torch.int32, *_U["uint32"]), "u", 4),
+        (("short", "int16_t"), (torch.int16,), "i", 2), (("ushort", "uint16_t"), (torch.int16, *_U["uint16"]), "u", 2),
+        (("char", "int8_t"), (torch.int8,), "i", 1), (("uchar", "uint8_t"), (torch.uint8,), "u", 1),
+        (("bool",), (torch.bool,), "b", 1), (("long", "int64_t", "ptrdiff_t"), (torch.int64,), "i", 8),
+        (("ulong", "uint64_t", "size_t"), (torch.int64, *_U["uint64"]), "u", 8)):
+    for _n in _names:
+        _ELEMS[_n] = (_dts, _kind, _size)
+_ELEM_RE = re.compile(r"(?:atomic<\s*(\w+)\s*>|atomic_(\w+)|vec<\s*(\w+)\s*,\s*([234])\s*>|packed_([a-z]+)([234])|(\w+?)([234])?)")
+# arg_casts name -> (struct code, kind, bytes)
+_CASTS = {"fp16": ("e", "f", 2), "bf16": ("bf", "bf", 2), "int32": ("i", "i", 4), "int16": ("h", "i", 2),
+          "int8": ("b", "i", 1), "uint8": ("B", "u", 1)}
+
+
+def _element(base_type: str) -> tuple[str, int] | None:
+    """(scalar element name, vector width) of a buffer's element type; None for structs and unknowns."""
+    m = _ELEM_RE.fullmatch(base_type.replace("metal::", "").strip())
+    if not m:
+        return None
+    a, b, c, cn, d, dn, e, en = m.groups()
+    name, width = (a or b or c or d or e), int(cn or dn or en or 1)
+    return (name, width) if name in _ELEMS else None
+
+
+class EmuKernel:
+    """One kernel of an EmuLibrary; calling it runs the kernel over a grid, like compile_shader's."""
+
+    def __init__(self, k: MslKernel, fn: Any) -> None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._k, self._fn = k, fn
+        buffers = [p for p in k.params if p.attribute is None]
+        self._nargs = max((p.index for p in buffers if p.index is not None), default=-1) + 1
+        self._slots: list[MslParam | None] = [None] * self._nargs
+        for p in buffers:
+            assert p.index is not None
+            self._slots[p.index] = p
+        self._elems = [_element(p.base_type) if p else None for p in self._slots]
+        self.__name__ = k.name
+        self.__doc__ = f"kernel void {k.name}({', '.join(map(str, k.params))})"
+
+    @property
+    def max_threads_per_threadgroup(self) -> int:
+        return self._k.max_threads
+
+    @property
+    def thread_execution_width(self) -> int:
+        return SIMD_WIDTH
+
+    def _where(self, i: int) -> str:
+        p = self._slots[i]
+        return f"kernel {self._k.name}, argument {i}" + (f" ({p.decl})" if p else " (no parameter has this buffer index)")
+
+    def _scalar(self, i: int, value: Any, cast: str | None) -> ctypes.Array:
+        """The bytes compile_shader binds for a Python number or list of numbers, checked against the parameter."""
+        vals = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not vals:
+            raise KernelLaunchError(f"{self._where(i)}: an empty list cannot be a kernel argument")
+        if any(isinstance(v, torch.Tensor) for v in vals):
+            raise KernelLaunchError(f"{self._where(i)}: lists of tensors (argument buffers) are not supported by the emulator")
+        is_int = isinstance(vals[0], int)  # bool is an int, as in pybind11
+        bad = [v for v in vals if not isinstance(v, int if is_int else (int, float))]
+        if bad:
+            raise KernelLaunchError(f"{self._where(i)}: unsupported argument {bad[0]!r} ({type(bad[0]).__name__}); pass "
+                                    "tensors, Python ints or floats, or lists of them (a list of ints holds only ints)")
+        if cast is not None:
+            if cast not in _CASTS:
+                raise KernelLaunchError(f"{self._where(i)}: unsupported cast {cast!r}; known: {', '.join(_CASTS)}")
+            code, kind, size = _CASTS[cast]
+        else:
+            code, kind, size = ("q", "i", 8) if is_int else ("f", "f", 4)
+        nums = [int(v) if is_int else float(v) for v in vals]
+        if code == "bf":
+            data = torch.tensor(nums, dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
+        else:
+            try:
+                data = struct.pack(f"<{len(nums)}{code}", *[int(v) if code in "ihbBq" else float(v) for v in nums])
+            except (struct.error, OverflowError) as e:
+                raise KernelLaunchError(f"{self._where(i)}: {vals!r} does not fit the {cast or 'int64'} binding: {e}") from None
+        self._check_scalar(i, kind, size, nums, cast)
+        buf = (ctypes.c_char * max(64, len(data) + 32))()
+        ctypes.memmove(buf, data, len(data))
+        return buf
+
+    def _check_scalar(self, i: int, kind: str, size: int, nums: list, cast: str | None) -> None:
+        p, el = self._slots[i], self._elems[i]
+        if p is None or el is None:
+            return  # an unused index, or a struct: nothing to check against
+        dts, ekind, esize = _ELEMS[el[0]]
+        bound = f"compile_shader binds {'this list' if len(nums) > 1 else repr(nums[0])} as " + (
+            f"{cast}" if cast else ("int64 (8 bytes)" if kind == "i" and size == 8 else "float32 (4 bytes)"))
+        ints = {"i", "u", "b"}
+        same = (kind == ekind or (kind in ints and ekind in ints)) and size == esize
+        if same:
+            if not p.is_pointer and len(nums) < min(el[1], 3):
+                raise KernelLaunchError(f"{self._where(i)}: {bound}; the parameter reads {el[1]} values")
+            return
+        if kind == "i" and size == 8 and ekind in ints and len(nums) == 1 and el[1] == 1 and not p.is_pointer:
+            v = nums[0]
+            lo, hi = (0, 1) if ekind == "b" else ((0, 2 ** (8 * esize) - 1) if ekind == "u" else
+                                                   (-2 ** (8 * esize - 1), 2 ** (8 * esize - 1) - 1))
+            if lo <= v <= hi:
+                return  # the kernel reads the low bytes of the int64: the same value
+            raise KernelLaunchError(f"{self._where(i)}: {bound}; the parameter reads its low {esize} bytes as "
+                                    f"{el[0]}, which cannot hold {v}")
+        cast_for = {("f", 2): "fp16", ("bf", 2): "bf16", ("i", 4): "int32", ("u", 4): "int32", ("i", 2): "int16",
+                    ("u", 2): "int16", ("i", 1): "int8", ("u", 1): "uint8", ("b", 1): "uint8"}.get((ekind, esize))
+        if ekind == "f" and esize == 4:
+            hint = " (pass a Python float)"
+        elif ekind in ints and kind in ("f", "bf") and not p.is_pointer:
+            hint = " (pass a Python int)"
+        else:
+            hint = f' (pass arg_casts={{{i}: "{cast_for}"}})' if cast_for else ""
+        raise KernelLaunchError(f"{self._where(i)}: {bound}, but the kernel reads {el[0]}"
+                                f"{'s' if p.is_pointer else ''}: the bits would be misread on the GPU{hint}")
+
+    def __call__(self, *args: Any, threads: Any = None, group_size: Any = None, arg_casts: Any = None,
+                 error_buf_idx: Any = None) -> None:
+        k = self._k
+        if error_buf_idx is not None:
+            raise KernelLaunchError(f"kernel {k.name}: error_buf_idx is not supported by the emulator")
+        if len(args) != self._nargs:
+            raise KernelLaunchError(f"kernel {k.name} binds {self._nargs} buffer indices (0..{self._nargs - 1}), "
+                                    f"got {len(args)} arguments; {self.__doc__}")
+        if arg_casts is not None and not isinstance(arg_casts, (str, dict)):
+            raise KernelLaunchError(f"kernel {k.name}: arg_casts must be a str or a dict {{index: cast}}")
+        ptrs = (ctypes.c_void_p * max(1, len(args)))()
+        keep: list[Any] = []
+        first_numel = None
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "cpu":
+                    raise KernelLaunchError(f"{self._where(i)}: tensor is on {a.device}; the MSL emulator runs on "
+                                            "CPU tensors")
+                el = self._elems[i]
+                if el is not None and a.dtype not in _ELEMS[el[0]][0]:
+                    want = " or ".join(str(d) for d in _ELEMS[el[0]][0])
+                    raise KernelLaunchError(f"{self._where(i)}: expected a tensor of dtype {want}, got {a.dtype}")
+                ptrs[i] = a.data_ptr()  # the storage from the tensor's storage offset, as compile_shader binds it
+                if first_numel is None:
+                    first_numel = a.numel()
+                continue
+            cast = arg_casts if isinstance(arg_casts, str) else (arg_casts or {}).get(i)
+            buf = self._scalar(i, a, cast)
+            keep.append(buf)
+            ptrs[i] = ctypes.addressof(buf)
+        if threads is None and first_numel is None:
+            raise KernelLaunchError(f"kernel {k.name}: the number of threads is undefined; pass threads=")
+        grid = grid_dims(threads if threads is not None else first_numel, "threads", k.name)
+        mx = k.max_threads
+        if group_size is None:
+            group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+        else:
+            group = grid_dims(group_size, "group_size", k.name)
+            if len(group) != len(grid):
+                raise KernelLaunchError(f"kernel {k.name}: threads and group_size must have the same number of "
+                                        f"dimensions, got {grid} and {group}")
+        if 0 in grid:
+            return  # an empty grid runs nothing
+        if 0 in group:
+            raise KernelLaunchError(f"kernel {k.name}: group_size {group} has a zero dimension")
+        if group[0] * (group[1] if len(group) > 1 else 1) * (group[2] if len(group) > 2 else 1) > mx:
+            raise KernelLaunchError(f"kernel {k.name}: threadgroup size {group} exceeds the {mx}-thread limit")
+        if any(v >= 2 ** 32 for v in grid):
+            raise KernelLaunchError(f"kernel {k.name}: threads {grid}: each dimension must be below 2**32")
+        grid += [1] * (3 - len(grid))
+        group += [1] * (3 - len(group))
+        dims = (ctypes.c_uint64 * 6)(*grid, *group)
+        err = ctypes.create_string_buffer(512)
+        if self._fn(ptrs, dims, err, 512) != 0:
+            raise KernelLaunchError(f"kernel {k.name}: {err.value.decode(errors='replace')}")
+
+    def __repr__(self) -> str:
+        return f"<MSL emulator kernel {self.__doc__}>"
+
+
+class EmuLibrary:
+    """Compiled MSL source: `lib.<kernel>(*args, threads=..., group_size=...)`."""
+
+    def __init__(self, path: Path, kernels: list[MslKernel], compiled_now: bool) -> None:
+        try:
+            dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+            fns = {k.name: getattr(dll, f"ma_launch_{k.name}") for k in kernels}
+        except (OSError, AttributeError) as e:
+            raise CompileError(f"cannot load compiled kernel library {path.name}: {str(e).replace(str(path), path.name)}") from e
+        object.__setattr__(self, "_dll", dll)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_compiled_now", compiled_now)
+        object.__setattr__(self, "kernel_names", tuple(k.name for k in kernels))
+        for k in kernels:
+            object.__setattr__(self, k.name, EmuKernel(k, fns[k.name]))
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"no kernel {name!r} in this library; kernels: {', '.join(self.kernel_names) or 'none'}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("EmuLibrary is read-only")
+
+    def __dir__(self) -> list[str]:
+        return list(self.kernel_names)
+
+    def __repr__(self) -> str:
+        return f"EmuLibrary({self._path.name}, kernels={self.kernel_names})"
+
+
+# ---------------------------------------------------------------- compiling
+
+@functools.cache
+def _flags() -> tuple[str, ...]:
+    return ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off",
+            "-fno-math-errno", "-w", f"-I{config.include_dir()}", *openmp_flags())
+
+
+@functools.cache
+def _tool_digest() -> str:
+    """Everything the compiled code depends on besides the source: headers, front end, flags."""
+    h = hashlib.sha256()
+    front_end = sorted(Path(__file__).parent.glob("msl_*.py"))  # msl_translate.py and the modules it uses
+    for f in sorted((config.include_dir() / "msl_emu").glob("*.h")) + front_end:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(" ".join(_flags()).encode() + str(METAL_VERSION).encode())
+    return h.hexdigest()
+
+
+def _diagnostics(proc: subprocess.CompletedProcess, src: Path, what: str, cxx: str) -> CompileError:
+    log = scrub_diagnostics(proc.stderr or proc.stdout, src.parent, (src.name,))
+    return CompileError(f"{what} failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
+
+
+def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
+    """Preprocess, translate and compile SOURCE into OUT (+ OUT.json); return its kernels."""
+    global compile_count
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.stem + "."))
+    try:
+        metal = work / "kernel.metal"
+        metal.write_text(prepare_for_preprocessor(source), encoding="utf-8")
+        try:
+            pre = subprocess.run([cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
+                                  "-D__METAL__=1", "-D__HAVE_BFLOAT__=1", metal.name], cwd=work, capture_output=True,
+                                 encoding="utf-8", errors="replace", timeout=COMPILE_TIMEOUT_S, env=compiler_env())
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"preprocessing timed out after {COMPILE_TIMEOUT_S} s") from None
+        if pre.returncode != 0:
+            raise _diagnostics(pre, metal, "preprocessing", cxx)
+        cpp_text, kernels = translate(pre.stdout)
+        if any(k.name == "kernel_names" for k in kernels):
+            raise CompileError("a kernel may not be named 'kernel_names'")
+        cpp = work / "kernel.cpp"
+        cpp.write_text(cpp_text, encoding="utf-8")
+        compile_count += 1
+        built = compile_shared(cxx, _flags(), work, cpp.name, COMPILE_TIMEOUT_S, config.include_dir(), EMULATOR_HEADERS,
+                               "compiling the translated kernel")
+        meta = out.with_suffix(".json")
+        (work / "kernels.json").write_text(json.dumps([k.to_dict() for k in kernels]))
+        os.replace(work / "kernels.json", meta)
+        check_and_place(built, out, MPS_EMU_POLICY, _baseline(cxx))
+        return kernels
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# A kernel with nothing of its own: its translation is the emulator runtime plus one launcher, whose load-time
+# entries and writable data (they differ between compilers: GCC 13 adds an .init_array entry) are the baseline.
+_BASELINE_KERNEL = ("kernel void ma_baseline(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) "
+                    "{ x[i] = 0.0f; }\n")
+
+
+def _baseline(cxx: str | None) -> Baseline | None:
+    if cxx is None:
+        return None
+    return baseline(cxx, _flags(), str(config.include_dir()), translate(_BASELINE_KERNEL)[0], EMULATOR_HEADERS)
+
+
+_loaded: dict[Path, EmuLibrary] = {}
+
+
+def clear_memory_cache() -> None:
+    """Forget libraries loaded in this process (the disk cache stays)."""
+    _loaded.clear()
+
+
+@dataclass(frozen=True)
+class MpsEmuBackend:
+    """Metal Shading Language kernels, emulated on the CPU (proves correctness, not speed)."""
+
+    name: str = "mps-emu"
+    device_type: str = "cpu"
+    language: str = "msl"
+    measures_speed: bool = False  # prove.py skips the speed gate: emulated timings say nothing about Metal
+
+    def is_available(self) -> bool:
+        return sys.platform != "win32" and find_compiler() is not None
+
+    def environment(self) -> Environment:
+        return _environment()
+
+    def synchronize(self) -> None:
+        pass
+
+    def prepare(self) -> None:
+        """Run now what building needs a process for (compiler identity, the binary check's baseline)."""
+        cxx = find_compiler()
+        if cxx is not None:
+            _compiler_identity(cxx)
+            _baseline(cxx)
+
+    def build(self, source: str) -> Path:
+        """Translate, compile and check SOURCE into build_dir()/mps-emu/<key>.so (or find it), without loading it."""
+        return self._artifact(source)[0]
+
+    def compile(self, source: str) -> EmuLibrary:
+        """Compile SOURCE into build_dir()/mps-emu/<key>.so, or load it from there if already built."""
+        path, kernels, compiled_now = self._artifact(source)
+        if path not in _loaded:
+            _loaded[path] = EmuLibrary(path, kernels, compiled_now)
+        return _loaded[path]
+
+    def _artifact(self, source: str) -> tuple[Path, list[MslKernel], bool]:
+        if not isinstance(source, str) or not source.strip():
+            raise CompileError("empty kernel source")
+        cxx = find_compiler()
+        content = hashlib.sha256(f"{source}\0{_tool_digest()}".encode()).hexdigest()[:32]
+        path = artifact_path(config.build_dir() / "mps-emu", content, cxx)
+        if path in _loaded:
+            return path, [], False
+        kernels: list[MslKernel] | None = None
+        if path.exists() and not path.with_suffix(".json").exists():
+            discard(path)  # a library without its kernel list is half a build
+
+        def build() -> None:
+            nonlocal kernels
+            assert cxx is not None
+            kernels = _build(cxx, source, path)
+
+        compiled_now = ensure_artifact(path, build if cxx is not None else None, MPS_EMU_POLICY, _baseline(cxx))
+        if kernels is None:
+            try:
+                kernels = [MslKernel.from_dict(d) for d in json.loads(path.with_suffix(".json").read_text())]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json').name}: {e}") from e
+        return path, kernels, compiled_now
+
+
+@functools.cache
+def _environment() -> Environment:
+    return Environment(backend="mps-emu", device_name=f"MSL emulator on {cpu_name()}", os=os_description(),
+                       torch=torch_major_minor())

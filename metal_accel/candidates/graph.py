@@ -1,0 +1,73 @@
+"""torch.compile replayed as a CUDA graph: the built-in candidate for host-bound modules on CUDA.
+
+Where a module's GPU work is short, the time of a call is the host's: Python, dynamo's guards and
+one launch per kernel. Captured once into a CUDA graph, the whole call is one replay. The op copies
+the inputs into the graph's static buffers, replays, and returns clones of the outputs (a caller
+may keep them across calls). It re-captures when a parameter or buffer moved to other memory
+(a reassigned weight), and serializes calls, since the static buffers are shared.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..runtime.ops import ModuleLayout
+
+GRAPH_CODE = "torch.cuda.graph(torch.compile(forward, fullgraph=True, dynamic=False))"
+WARMUP_CALLS = 2  # on a side stream before capture, as torch.cuda.graphs' documentation asks
+
+
+class GraphedOp:
+    """Dispatcher-compatible op: `compiled` (a CompiledOp or a KernelOp) captured into a CUDA graph on
+    first call. It reads the module's state tensors itself (the `state` argument is not used), passes them
+    to the op it captures, and re-captures when they moved."""
+
+    def __init__(self, compiled: Any, module: torch.nn.Module) -> None:
+        self.name = compiled.name
+        self._compiled = compiled
+        self._layout = ModuleLayout(module)
+        self._lock = threading.Lock()
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._inputs: list[torch.Tensor] = []
+        self._out: Any = None
+        self._ptrs: list[int] = []
+        self.captures = 0
+
+    def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
+        with self._lock:
+            live = self._layout.gather()
+            ptrs = [t.data_ptr() for t in live]
+            if self._graph is None or ptrs != self._ptrs:
+                self._capture(args, kwargs, live, ptrs)
+            tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            if len(tensors) != len(self._inputs):
+                raise RuntimeError(f"{self.name}: called with {len(tensors)} tensors, captured with {len(self._inputs)}")
+            for dst, src in zip(self._inputs, tensors):
+                dst.copy_(src)
+            assert self._graph is not None
+            self._graph.replay()
+            return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self._out)
+
+    def _capture(self, args: tuple, kwargs: dict, state: list[torch.Tensor], ptrs: list[int]) -> None:
+        self._graph = None
+        with torch.inference_mode(False):  # static buffers any later call may write into, in any mode
+            static_args, static_kwargs = tree_map(_static_copy, (args, kwargs))
+        self._inputs = [a for a in tree_flatten((static_args, static_kwargs))[0] if isinstance(a, torch.Tensor)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self._compiled(static_args, static_kwargs, state)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._out = self._compiled(static_args, static_kwargs, state)
+        self._graph, self._ptrs = graph, ptrs
+        self.captures += 1
+
+
+def _static_copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value

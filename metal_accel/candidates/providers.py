@@ -1,0 +1,53 @@
+"""Turn optimize()'s `providers`, `synthesize` and `models` arguments into provider objects."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+from .directory import provider_from_spec
+from ..synth.loop import SynthesisLoop
+from ..synth.models import ModelSpec, ProviderConfigError, is_model_spec
+from ..synth.settings import SynthSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_providers(providers: Iterable[Any] | None = None, *, synthesize: bool | None = None,
+                    models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
+                    strict: bool = False, progress: bool | None = None) -> list[Any]:
+    """Provider objects, in the order their candidates are tried.
+
+    Strings in `providers` are "dir:PATH" or model names; all model names (from `providers` and
+    `models`) share one SynthesisLoop, so they race concurrently. `synthesize=None` means: synthesize
+    when a model is named. `synthesize=True` with no model named reads METAL_ACCEL_MODELS; when no
+    usable model results, `strict` raises ProviderConfigError, otherwise a warning is logged and
+    every module's report says why nothing was synthesized.
+    """
+    out: list[Any] = []
+    names: list[str | ModelSpec] = []
+    for p in providers or []:
+        if isinstance(p, str) and is_model_spec(p):
+            names.append(p)
+        elif isinstance(p, str):
+            out.append(provider_from_spec(p))
+        else:
+            out.append(p)
+    if isinstance(models, str):
+        models = [m for m in models.split(",") if m.strip()]
+    names = list(models or []) + names
+    if synthesize is None:
+        synthesize = bool(names)
+    if not synthesize:
+        return out
+    settings = settings or SynthSettings.from_env()
+    if progress is not None and settings.progress is None:
+        settings = settings.with_(progress=progress)
+    loop = SynthesisLoop(names or None, settings)
+    problem = loop.configuration_error
+    if problem:
+        if strict:
+            raise ProviderConfigError(problem)
+        if not loop.models:  # (unusable models were already logged one by one)
+            log.warning("metal_accel: %s", problem)
+    out.append(loop)
+    return out

@@ -1,0 +1,129 @@
+"""`metal-accel synth PATH`: synthesize kernels for KernelBench-format problems and print the report."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from ..core.errors import MetalAccelError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: Any) -> None:
+    """Register the `synth` subcommand on the CLI's subparsers."""
+    p = sub.add_parser("synth", help="synthesize kernels with LLMs for KernelBench-format problems",
+                       description="Optimize each problem's Model with LLM synthesis and print the report. PATH is a "
+                       ".py file defining Model, get_inputs() and get_init_inputs(), a directory of them, or a JSON-lines "
+                       "file with one problem's code per row.")
+    p.add_argument("path", nargs="?", help="problem .py file, directory, or .jsonl file")
+    p.add_argument("--recorded", action="store_true",
+                   help="instead of PATH: the hottest module calls recorded with METAL_ACCEL_RECORD=1")
+    p.add_argument("--top", type=int, default=10, help="with --recorded: how many recorded calls (default 10)")
+    p.add_argument("--models", default=None, help="comma-separated model names (default: METAL_ACCEL_MODELS), e.g. "
+                   "openai:gpt-5,anthropic:claude-sonnet-4-5,openai-compatible:http://localhost:11434/v1#qwen2.5-coder")
+    p.add_argument("--backend", default=None, help="backend (default: mps, else cuda, else cpu, as available)")
+    p.add_argument("--level", type=int, action="append", help="only problems of this level (repeatable)")
+    p.add_argument("--id", type=int, action="append", dest="ids", help="only this problem id (repeatable)")
+    p.add_argument("--name", action="append", dest="names", help="only problems whose name contains this")
+    p.add_argument("--limit", type=int, default=None, help="at most this many problems")
+    p.add_argument("--samples", type=int, default=None, help="conversations per model and module")
+    p.add_argument("--rounds", type=int, default=None, help="repair rounds per conversation")
+    p.add_argument("--concurrency", type=int, default=None, help="LLM requests in flight")
+    p.add_argument("--max-cost", type=float, default=None, help="USD cap for the whole run")
+    p.add_argument("--max-tokens", type=int, default=None, help="token cap for the whole run")
+    p.add_argument("--max-wall", type=float, default=None, help="seconds cap for the whole run")
+    p.add_argument("--all-modules", action="store_true", help="also synthesize the Model's submodules")
+    p.add_argument("--no-profile", action="store_true", help="leave the profiler breakdown out of prompts")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON lines")
+    p.set_defaults(fn=cmd_synth)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from ..synth.budget import Limits
+    from ..synth.settings import SynthSettings
+
+    s = SynthSettings.from_env()
+    changes: dict[str, Any] = {}
+    for arg, field in (("samples", "samples"), ("rounds", "repair_rounds"), ("concurrency", "concurrency")):
+        if getattr(args, arg) is not None:
+            changes[field] = getattr(args, arg)
+    if args.max_cost is not None or args.max_tokens is not None or args.max_wall is not None:
+        r = s.run_limits
+        changes["run_limits"] = Limits(tokens=args.max_tokens if args.max_tokens is not None else r.tokens,
+                                       cost_usd=args.max_cost if args.max_cost is not None else r.cost_usd,
+                                       wall_s=args.max_wall if args.max_wall is not None else r.wall_s)
+    if not args.all_modules and not args.recorded:  # a KernelBench problem's module is its Model
+        changes["only_classes"] = ("Model",)
+    if args.no_profile:
+        changes["profile"] = False
+    return s.with_(**changes)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    import metal_accel
+    from ..backends import available_backends, get_backend
+    from ..kernelbench.problems import load_problems
+    from ..synth.loop import SynthesisLoop
+
+    loop = SynthesisLoop(args.models, _settings(args))
+    problem = loop.configuration_error
+    if problem:
+        print(f"metal-accel synth: {problem}", file=sys.stderr)
+        return 2
+    if args.recorded:
+        return _synth_recorded(args, loop)
+    if not args.path:
+        print("metal-accel synth: give a PATH of problems, or --recorded", file=sys.stderr)
+        return 2
+    usable = available_backends()
+    backend = get_backend(args.backend or next((b for b in ("mps", "cuda", "cpu") if b in usable), "cpu"))
+    problems = load_problems(args.path, levels=args.level, ids=args.ids, names=args.names)
+    if args.limit is not None:
+        problems = problems[: args.limit]
+    if not problems:
+        print(f"metal-accel synth: no problems in {args.path}", file=sys.stderr)
+        return 1
+    kernels = 0
+    for pr in problems:
+        try:
+            model, inputs = pr.instantiate(backend.device_type)
+        except MetalAccelError as exc:
+            print(f"# {pr.name}: {exc}", file=sys.stderr)
+            continue
+        done = len(loop.records)
+        metal_accel.optimize(model, inputs, backend=backend.name, providers=[loop])
+        report = metal_accel.explain(model)
+        kernels += len(report.kernels)
+        records = loop.records[done:]
+        if args.json:
+            print(json.dumps({"problem": pr.name, "level": pr.level, "problem_id": pr.problem_id,
+                              "report": report.to_dict(), "synthesis": [r.to_dict() for r in records]}))
+        else:
+            print(f"# {pr.name} ({pr.origin})")
+            print(report.table())
+            for r in records:
+                print("  synth " + r.summary())
+            print()
+        metal_accel.restore(model)
+    meter = loop.run_meter
+    print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {meter.requests} requests, "
+          f"{meter.tokens} tokens, ${meter.cost_usd:.4f}, {meter.elapsed_s:.0f} s", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _synth_recorded(args: argparse.Namespace, loop: Any) -> int:
+    """Synthesize the hottest calls that ran eager during a METAL_ACCEL_RECORD=1 run."""
+    from ..auto.record import recorded_calls, synthesize_recorded
+
+    if not recorded_calls():
+        print("metal-accel synth: nothing recorded yet; run your program once with METAL_ACCEL_RECORD=1",
+              file=sys.stderr)
+        return 1
+    for rec, result in synthesize_recorded([loop], top=args.top, backend=args.backend):
+        print(f"# {rec.class_path} {rec.input_spec.describe()}: {rec.calls} calls, {rec.mean_us:.1f} us each")
+        print(result if isinstance(result, str) else result.table())
+        print()
+    return 0

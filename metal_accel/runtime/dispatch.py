@@ -1,0 +1,204 @@
+"""The dispatcher that replaces a module's forward: input spec -> kernel op, else the original forward."""
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..core.keys import class_source
+from .ops import KernelOp, ModuleLayout, _is_compiling
+from ..core.specs import UnsupportedCall, call_signature
+
+
+log = logging.getLogger(__name__)
+_tracing_state = torch._C._get_tracing_state
+_bypass_depth = 0
+_UNRESOLVED = object()
+bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
+
+
+def enter_eager() -> None:
+    global _bypass_depth, bypass
+    _bypass_depth += 1
+    bypass = True
+
+
+def exit_eager() -> None:
+    global _bypass_depth, bypass
+    _bypass_depth -= 1
+    bypass = _bypass_depth > 0
+
+
+class eager_only:  # noqa: N801  (used like a function: `with eager_only():`)
+    """Within this block every module runs its own eager forward: no kernels, no torch.compile.
+
+    Public as `metal_accel.eager()`: for reference runs and side-by-side timing. A plain class
+    rather than @contextmanager: it sits on the hot path of installed torch.compile candidates.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        enter_eager()
+
+    def __exit__(self, *exc: Any) -> None:
+        exit_eager()
+
+
+class Dispatcher:
+    """Installed as `module.forward`; the class's own forward stays untouched, so restore() is exact."""
+
+    def __init__(self, module: nn.Module, original: Callable[..., Any], *, strict: bool = False) -> None:
+        self.original = original
+        self.module_name = type(module).__name__
+        self.layout = ModuleLayout(module)
+        self.table: dict[tuple, KernelOp] = {}
+        self.strict = strict
+        self.hits = 0
+        self.misses = 0
+        self.grad_calls = 0  # calls that ran eager because autograd was recording
+        self.failures: dict[str, str] = {}  # op name -> why it was switched off
+        self.honor_bypass = True  # False for the timing probe, which must always run its kernel
+        # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
+        self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
+        self._resolved: dict[tuple, KernelOp | None] = {}
+        self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
+        # kernels are proven with the subtree in eval mode; in training mode it runs eager. The flags watched:
+        # the module's own, and those of descendants whose code reads theirs (BatchNorm, Dropout, ...)
+        self._mode_flags = tuple(m.__dict__ for i, m in enumerate(module.modules())
+                                 if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
+
+    def add(self, signature: tuple, op: KernelOp) -> None:
+        self.table[signature] = op
+        self._first_shapes = _first_shapes(self.table)
+
+    def kernel_for(self, args: tuple, kwargs: dict) -> KernelOp | None:
+        try:
+            sig = call_signature(args, kwargs)
+        except TypeError:  # an unhashable argument: no kernel can be specialized on it
+            return None
+        if self.resolver is None:
+            return self.table.get(sig)
+        op = self._resolved.get(sig, _UNRESOLVED)  # one hash of the signature on the hot path
+        if op is _UNRESOLVED:
+            op = self._resolved[sig] = self.resolver(args, kwargs)
+            if op is not None:
+                self.table[sig] = op
+        return op
+
+    def _traced_op(self, args: tuple, kwargs: dict) -> KernelOp | None:
+        """The op to put in the graph when the user's own torch.compile traces this module: only a
+        kernel's custom op, already resolved. An installed torch.compile, or a lazy cache lookup on
+        fake tensors, has no place in someone else's graph: the eager code is traced instead."""
+        if self.resolver is not None:
+            return None
+        try:
+            op = self.table.get(call_signature(args, kwargs))
+        except TypeError:
+            return None
+        return op if isinstance(op, KernelOp) else None
+
+    def in_training(self) -> bool:
+        """True when the module or one of its descendants is in training mode: kernels are for eval only."""
+        for flags in self._mode_flags:  # instance dicts: a third of the cost of attribute lookups
+            if flags["training"]:
+                return True
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) or self.in_training() \
+                or _tracing_state() is not None:  # torch.jit.trace records the module's own forward
+            return self.original(*args, **kwargs)
+        shapes = self._first_shapes
+        if self.resolver is None and shapes is not None and args and type(args[0]) is torch.Tensor \
+                and args[0].shape not in shapes:  # the common miss, decided without a full signature
+            self.misses += 1
+            return self.original(*args, **kwargs)
+        state = self.layout.gather()
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*state, *args) if isinstance(t, torch.Tensor)):
+            self.grad_calls += 1
+            if self.grad_calls == 1 and self.table:
+                warnings.warn(f"metal_accel: {self.module_name} runs eager: autograd is recording and its "
+                              "tensors require grad (kernels have no backward); call the model under "
+                              "torch.inference_mode() or torch.no_grad() to run its kernels", UserWarning, stacklevel=3)
+            return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
+        op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
+        if op is None:
+            self.misses += 1
+            return self.original(*args, **kwargs)
+        try:
+            out = op(args, kwargs, state)
+        except Exception as exc:
+            if self.strict:
+                raise
+            self.table = {s: o for s, o in self.table.items() if o is not op}
+            self._resolved = {s: (None if o is op else o) for s, o in self._resolved.items()}
+            self._first_shapes = _first_shapes(self.table)
+            self.failures[op.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
+            return self.original(*args, **kwargs)
+        self.hits += 1
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def reads_training(cls: type) -> bool:
+    """Whether the class's code (its methods and the module-level functions they call) mentions its
+    training flag; True where the source cannot be read."""
+    try:
+        return "training" in class_source(cls)
+    except UnsupportedCall:
+        return True
+
+
+def _first_shapes(table: dict[tuple, Any]) -> frozenset | None:
+    """Shapes of the first argument over the table's signatures; None if some first argument is no tensor."""
+    shapes = set()
+    for sig in table:
+        first = sig[0] if sig else None
+        if not (isinstance(first, tuple) and len(first) == 4 and isinstance(first[0], tuple)):
+            return None
+        shapes.add(first[0])
+    return frozenset(shapes)
+
+
+# class -> its own forward function, for classes whose forward auto-instrumentation replaced
+ORIGINAL_FORWARDS: dict[type, Callable[..., Any]] = {}
+
+
+def eager_forward(module: nn.Module) -> Callable[..., Any]:
+    """The module's own forward, bound: never a dispatcher, never a patched class forward."""
+    disp = dispatcher_of(module)
+    if disp is not None:
+        return disp.original
+    for klass in type(module).__mro__:
+        if "forward" in vars(klass):
+            fn = ORIGINAL_FORWARDS.get(klass, vars(klass)["forward"])
+            return fn.__get__(module, type(module))
+    return module.forward
+
+
+def dispatcher_of(module: nn.Module) -> Dispatcher | None:
+    fwd = module.__dict__.get("forward")
+    return fwd if isinstance(fwd, Dispatcher) else None
+
+
+def install(module: nn.Module, signature: tuple, op: KernelOp, *, strict: bool = False) -> Dispatcher:
+    """Route calls of `module` matching `signature` to `op`; everything else stays eager."""
+    disp = dispatcher_of(module)
+    if disp is None:
+        disp = Dispatcher(module, eager_forward(module), strict=strict)
+        module.forward = disp  # instance attribute: shadows the class's forward, removable
+    disp.add(signature, op)
+    return disp
+
+
+def uninstall(module: nn.Module) -> bool:
+    if dispatcher_of(module) is None:
+        return False
+    del module.__dict__["forward"]
+    return True

@@ -1,0 +1,446 @@
+"""Untrusted native kernels called across a process boundary: the client end of the kernel server.
+
+`RemoteLibrary(backend, source)` behaves like the backend's own library (`kernel_names`,
+`lib.<kernel>(*args, **launch)`), with the same argument checks and messages (the backend's own
+binders run here, on the caller's tensors), but the kernel runs in the kernel server
+(kernel_server_main.py): one sandboxed process per user process, started on first use, stopped at
+exit and when this process dies. Per call, the tensor arguments are copied into a shared-memory arena
+(reused; grown when a call needs more), one frame of offsets and scalars goes out, one status comes
+back, and only what the kernel may write (non-const pointer parameters) is copied back into the
+caller's tensors. Arguments that overlap in memory share one region of the arena, as they share
+memory here. Calls are serialized (one server, one arena).
+
+A server that crashes or outlives the call's time limit is stopped and the call raises
+KernelServerError; the next call of any library starts a fresh server and loads its kernels there.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import mmap
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..core import config
+from ..backends.base import Backend, BoundKernels
+from ..backends.cpu.backend import _bind
+from ..backends.cpu.signature import parse_extern_c
+from ..backends.mps_emu.backend import EmuKernel
+from ..backends.mps_emu.msl_signature import MslKernel, MslParam
+from ..core.redact import redact
+from ..core.errors import CompileError, MetalAccelError
+from ..sandbox import confine
+from .kernel_server_main import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
+    emu_call_format)
+
+START_TIMEOUT_S = 120.0   # interpreter + torch import + confinement, on a busy machine
+LOAD_TIMEOUT_S = 120.0
+MIN_CALL_LIMIT_S = 30.0   # a call may take this long, or 100x the slowest call of its library so far
+SLOW_FACTOR = 100.0
+ARENA_MIN = 1 << 20
+MAX_REPLY = 1 << 20
+ALIGN = 64                # a region keeps its address modulo this: aligned tensors stay aligned
+
+
+class KernelServerError(MetalAccelError):
+    """The kernel server could not start, load a kernel, or finish a call; the message says which."""
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _anonymous_fd(size: int, scratch: str) -> int:
+    """A file descriptor of SIZE bytes of shared memory, named nowhere."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("metal-accel-arena", os.MFD_CLOEXEC)
+    else:
+        fd, name = tempfile.mkstemp(dir=scratch, prefix="arena-")
+        os.unlink(name)
+    os.ftruncate(fd, size)
+    return fd
+
+
+class _Process:
+    """One running kernel server: its process, socket, scratch directory and arena."""
+
+    def __init__(self, build_dir: str) -> None:
+        self.build_dir, self.pid = build_dir, os.getpid()
+        self.scratch = tempfile.mkdtemp(prefix="metal-accel-kernels-")
+        env = {**confine.scrubbed_environment(Path(self.scratch)), "METAL_ACCEL_BUILD_DIR": build_dir,
+               "METAL_ACCEL_USER_CACHE": os.path.join(self.scratch, "user-cache"), "METAL_ACCEL_DISABLE": "1",
+               "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as many threads as the kernel gets in-process
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.fd_sock, their_fds = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # arena descriptors
+        self.head = bytearray(HEAD.size)
+        self.stderr = tempfile.TemporaryFile()  # why a start failed, for the reason
+        self.proc = subprocess.Popen(
+            [sys.executable, confine.__file__, "-m", "metal_accel.runtime.kernel_server_main", str(theirs.fileno()),
+             str(their_fds.fileno()), str(self.pid), self.scratch], pass_fds=(theirs.fileno(), their_fds.fileno()),
+            env=env, cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        theirs.close()
+        their_fds.close()
+        self.arena: mmap.mmap | None = None
+        self.arena_view: Any = None
+        self.base = self.capacity = 0
+        self.timeout: float | None = None
+        self.closed = False
+        try:
+            _, payload = self.receive(START_TIMEOUT_S, "starting")
+            self.layers: list[str] = [str(x) for x in json.loads(payload).get("layers", [])]
+        except (KernelServerError, ValueError, AttributeError) as exc:
+            self.stderr.seek(0)
+            lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+            self.close()
+            said = f" (it said: {redact(lines[-1][:300])})" if lines else ""
+            raise KernelServerError(f"the kernel server did not start: {exc}{said}") from None
+        if not confine.sufficient(self.layers) and not confine.unconfined_allowed():
+            self.close()
+            missing = "; ".join(x for x in self.layers if "not applied" in x) or "no layer applied"
+            raise KernelServerError(
+                "refused to run untrusted native kernels: the kernel server could confine neither files nor system "
+                f"calls on this machine ({missing}); set {confine.UNCONFINED_ENV}=1 to run them unconfined anyway, "
+                "or METAL_ACCEL_TRUST_NATIVE=1 to run them in this process")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and os.getpid() == self.pid
+
+    def close(self) -> None:
+        """Stop the process and unmap the arena; this object is dead afterwards (a new one replaces it)."""
+        self.closed = True
+        self.base = self.capacity = 0
+        if os.getpid() == self.pid and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+        self.fd_sock.close()
+        self.arena_view = None
+        if self.arena is not None:
+            self.arena.close()
+        self.stderr.close()
+        if os.getpid() == self.pid:  # a forked child leaves its parent's server alone
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def send(self, op: int, lib: int, kernel: int, payload: bytes = b"") -> None:
+        self.sock.sendall(HEAD.pack(len(payload), op, lib, kernel) + payload)
+
+    def receive(self, limit: float, what: str) -> tuple[int, bytes]:
+        """The server's reply: (status, payload); KernelServerError if it died or outlived LIMIT."""
+        if self.timeout != limit:
+            self.sock.settimeout(limit)
+            self.timeout = limit
+        try:
+            got = self.sock.recv_into(self.head)
+            while got < HEAD.size:
+                more = self.sock.recv_into(memoryview(self.head)[got:]) if got else 0
+                if not more:
+                    raise ConnectionResetError
+                got += more
+            size, status, _, _ = HEAD.unpack(self.head)
+            if size > MAX_REPLY:
+                raise ConnectionResetError  # not a reply this protocol sends: a broken or hostile server
+            payload = b""
+            while len(payload) < size:
+                chunk = self.sock.recv(size - len(payload))
+                if not chunk:
+                    raise ConnectionResetError
+                payload += chunk
+            return status, payload
+        except socket.timeout:
+            self.close()
+            raise KernelServerError(f"{what} did not finish within {limit:.0f} s in the kernel server (a hang or an "
+                                    "endless loop); the server was stopped") from None
+        except OSError:
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.close()
+            raise KernelServerError(f"{what} crashed the kernel server ({_signal_name(code)}); it ran in a process of "
+                                    "its own, so this one is unharmed") from None
+
+    def reserve(self, size: int) -> int:
+        """The arena's base address, the arena grown first when it holds fewer than SIZE bytes."""
+        if size > self.capacity:
+            capacity = max(ARENA_MIN, 2 * self.capacity, size + mmap.PAGESIZE - size % mmap.PAGESIZE)
+            fd = _anonymous_fd(capacity, self.scratch)
+            try:
+                arena = mmap.mmap(fd, capacity)
+                socket.send_fds(self.fd_sock, [b"a"], [fd])
+                self.send(OP_ARENA, 0, 0, capacity.to_bytes(8, "little"))
+            finally:
+                os.close(fd)
+            self.arena_view = None
+            if self.arena is not None:
+                self.arena.close()
+            self.arena, self.capacity = arena, capacity
+            self.arena_view = ctypes.c_char.from_buffer(arena)
+            self.base = ctypes.addressof(self.arena_view)
+        return self.base
+
+
+_lock = threading.RLock()
+_server: _Process | None = None
+_generation = 0  # bumped whenever a server starts: libraries load their kernels again
+
+
+def _current(build_dir: str) -> _Process:
+    global _server, _generation
+    if _server is not None and (_server.closed or not _server.alive() or _server.build_dir != build_dir):
+        if os.getpid() == _server.pid:
+            _server.close()
+        _server = None
+    if _server is None:
+        _server = _Process(build_dir)
+        _generation += 1
+    return _server
+
+
+def stop_server() -> None:
+    """Stop this process's kernel server (the next remote call starts a new one)."""
+    global _server
+    with _lock:
+        if _server is not None:
+            _server.close()
+            _server = None
+
+
+def server_process() -> subprocess.Popen[bytes] | None:
+    """The running server's process (tests use it), or None."""
+    return _server.proc if _server is not None and _server.alive() else None
+
+
+atexit.register(stop_server)
+
+
+Buffer = tuple[int, int, bool]  # address, bytes, whether the kernel may write it (copied back)
+
+
+Plan = tuple[list[tuple[int, int, int]], list[int], int, list[tuple[int, int, int]]]
+_plans: dict[tuple[Buffer, ...], Plan] = {}  # the same tensors come back call after call: their layout is kept
+
+
+def _layout(buffers: tuple[Buffer, ...]) -> Plan:
+    """Where BUFFERS go in the arena: regions (address, bytes, arena offset) covering overlapping buffers
+    once, each buffer's arena offset, the bytes needed, and what to copy back (address, arena offset,
+    bytes) for the writable ones. A region keeps its address modulo ALIGN."""
+    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
+    groups: list[list[Any]] = []  # [start, end, member indices]
+    for i in order:
+        address, size, _ = buffers[i]
+        if groups and address < groups[-1][1]:
+            groups[-1][1] = max(groups[-1][1], address + size)
+            groups[-1][2].append(i)
+        else:
+            groups.append([address, address + size, [i]])
+    offsets = [0] * len(buffers)
+    regions, pos = [], 0
+    for start, end, members in groups:
+        skew = start % ALIGN
+        off = -(-(pos - skew) // ALIGN) * ALIGN + skew
+        if end > start:
+            regions.append((start, end - start, off))
+        for i in members:
+            offsets[i] = off + buffers[i][0] - start
+        pos = off + end - start
+    writes = [(address, offsets[i], size) for i, (address, size, writable) in enumerate(buffers) if writable and size]
+    return regions, offsets, pos, writes
+
+
+def _emu_writable(p: MslParam | None) -> bool:
+    """Whether a kernel may write through buffer parameter P (a device pointer or reference, not const)."""
+    if p is None:
+        return False  # an index no parameter binds: the kernel has no business writing there
+    pointee = p.decl.split("*")[0].split("&")[0].split()
+    return "const" not in pointee and "constant" not in pointee
+
+
+class RemoteLibrary(BoundKernels):
+    """A native kernel library whose kernels run in the kernel server; `lib.<kernel>(*args, **launch)`."""
+
+    _ids = 0
+
+    def __init__(self, backend: Backend, source: str) -> None:
+        with _lock:
+            RemoteLibrary._ids += 1
+            self._id = RemoteLibrary._ids
+        self._backend, self._source = backend.name, source
+        build = getattr(backend, "build", None)  # compiles and checks without loading; else compile() loads too
+        (build if callable(build) else backend.compile)(source)
+        self._build_dir = str(config.build_dir())
+        self._generation = -1
+        self._slowest = 0.0
+        self.time_limit_s: float | None = None  # None: MIN_CALL_LIMIT_S or 100x the slowest call so far
+        with _lock:
+            names, emu = self._attach_new()
+        kernels: dict[str, Callable[..., None]] = {}
+        if backend.name == "mps-emu":
+            for index, d in enumerate(emu):
+                kernels[d["name"]] = _RemoteEmuKernel(MslKernel.from_dict(d), self, index)
+        else:
+            signatures = parse_extern_c(source)
+            if sorted(signatures) != sorted(names):
+                raise KernelServerError(f"the kernel server loaded kernels {names}, the source declares {list(signatures)}")
+            for index, name in enumerate(names):
+                kernels[name] = self._cpu_kernel(name, index, signatures[name])
+        self.kernel_names = tuple(kernels)
+        self._install_kernels(kernels)
+
+    def __repr__(self) -> str:
+        return f"RemoteLibrary({self._backend}, kernels={self.kernel_names})"
+
+    # ------------------------------------------------------------ loading
+
+    def _attach_new(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """Load this library in the current server (started if need be); its kernel names and emu descriptions."""
+        server = _current(self._build_dir)
+        server.send(OP_LOAD, self._id, 0, json.dumps({"backend": self._backend, "source": self._source}).encode())
+        status, payload = server.receive(LOAD_TIMEOUT_S, "loading the kernel")
+        if status != OK:
+            raise CompileError(f"the kernel server cannot load the kernel: {payload.decode(errors='replace')}")
+        try:
+            reply = json.loads(payload)
+            names, emu = [str(n) for n in reply["kernels"]], list(reply.get("emu", []))
+        except (ValueError, KeyError, TypeError):
+            raise KernelServerError("the kernel server sent an unreadable reply to a load") from None
+        self._generation = _generation
+        return names, emu
+
+    def _server(self) -> _Process:
+        server = _server
+        if server is None or server.closed or self._generation != _generation or server.pid != os.getpid():
+            self._attach_new()
+            server = _server
+            assert server is not None
+        return server
+
+    # ------------------------------------------------------------ calling
+
+    def _run(self, name: str, buffers: tuple[Buffer, ...], frame: Callable[[list[int]], bytes]) -> str:
+        """One call on BUFFERS, FRAME(arena offsets) being its request; '' or the error the kernel reported.
+        The caller holds _lock."""
+        plan = _plans.get(buffers)
+        if plan is None:
+            if len(_plans) > 256:
+                _plans.clear()
+            plan = _plans[buffers] = _layout(buffers)
+        regions, offsets, need, writes = plan
+        for attempt in range(2):
+            server = self._server()
+            base = server.reserve(need)
+            for address, size, off in regions:
+                ctypes.memmove(base + off, address, size)
+            try:
+                server.sock.sendall(frame(offsets))
+                break
+            except OSError:  # the server was already gone (not this kernel's doing): a fresh one, once
+                if attempt:
+                    raise KernelServerError(f"kernel {name}: the kernel server is not reachable") from None
+                server.close()
+        limit = self.time_limit_s or max(MIN_CALL_LIMIT_S, SLOW_FACTOR * self._slowest)
+        t0 = time.perf_counter()
+        status, payload = server.receive(limit, f"kernel {name}")
+        elapsed = time.perf_counter() - t0
+        if elapsed > self._slowest:
+            self._slowest = elapsed
+        if status == KERNEL_ERROR:
+            return payload.decode(errors="replace")
+        if status != OK:
+            raise KernelServerError(f"kernel {name} failed in the kernel server: {payload.decode(errors='replace')}")
+        for address, off, size in writes:
+            ctypes.memmove(address, base + off, size)
+        return ""
+
+    def _cpu_kernel(self, name: str, index: int, params: list[Any]) -> Callable[..., None]:
+        """The kernel NAME bound by the CPU backend's own binder (its checks, its messages), sent to the server."""
+        fmt = call_frame(cpu_call_format(params))
+        pointers = [i for i, p in enumerate(params) if p.is_pointer]
+        writable = [not params[i].is_const for i in pointers]
+        head = (fmt.size - HEAD.size, OP_CALL, self._id, index)
+        current: list[tuple[Any, ...]] = [()]
+
+        def forward(*values: Any) -> None:  # the converted arguments: pointers are the tensors' addresses
+            args = current[0]
+            buffers = tuple([(values[i], args[i].nbytes, w) for i, w in zip(pointers, writable)])
+
+            def frame(offsets: list[int]) -> bytes:
+                out = list(values)
+                for i, off in zip(pointers, offsets):
+                    out[i] = off
+                return fmt.pack(*head, *out)
+            self._run(name, buffers, frame)
+
+        launch = _bind(name, forward, params)
+
+        def kernel(*args: Any, **launch_options: Any) -> None:
+            with _lock:
+                current[0] = args
+                try:
+                    launch(*args, **launch_options)
+                finally:
+                    current[0] = ()
+        kernel.__name__, kernel.__doc__ = name, launch.__doc__
+        return kernel
+
+
+class _RemoteEmuKernel(EmuKernel):
+    """An MSL emulator kernel checked and launched by EmuKernel's own code, run by the kernel server."""
+
+    def __init__(self, k: MslKernel, library: RemoteLibrary, index: int) -> None:
+        def forward(ptrs: Any, dims: Any, err: Any, size: int) -> int:
+            return self._forward(ptrs, dims, err, size)
+        super().__init__(k, forward)
+        self._library, self._index = library, index
+        self._writable = [_emu_writable(p) for p in self._slots]
+        self._format = call_frame(emu_call_format(self._nargs))
+        self._args: tuple[Any, ...] = ()
+        self._bufs: dict[int, Any] = {}
+
+    def _scalar(self, i: int, value: Any, cast: str | None) -> ctypes.Array:
+        buf = super()._scalar(i, value, cast)
+        self._bufs[i] = buf
+        return buf
+
+    def __call__(self, *args: Any, **launch: Any) -> None:
+        with _lock:
+            self._args, self._bufs = args, {}
+            try:
+                super().__call__(*args, **launch)
+            finally:
+                self._args, self._bufs = (), {}
+
+    def _forward(self, ptrs: Any, dims: Any, err: Any, size: int) -> int:
+        buffers = []
+        for i, a in enumerate(self._args):
+            if isinstance(a, torch.Tensor):  # bound from its storage offset to the storage's end, as compile_shader does
+                nbytes = a.untyped_storage().nbytes() - a.storage_offset() * a.element_size()
+                buffers.append((ptrs[i] or 0, max(0, nbytes), self._writable[i]))
+            else:
+                buf = self._bufs[i]
+                buffers.append((ctypes.addressof(buf), ctypes.sizeof(buf), False))
+        head = (self._format.size - HEAD.size, OP_CALL, self._library._id, self._index)
+        grid = list(dims)
+        error = self._library._run(self._k.name, tuple(buffers), lambda offsets: self._format.pack(*head, *offsets, *grid))
+        if error:
+            err.value = error.encode()[:size - 1]
+            return 1
+        return 0

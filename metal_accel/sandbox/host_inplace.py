@@ -1,0 +1,172 @@
+"""Host code may change in place only tensors it made itself.
+
+The caller's inputs and the module's parameters and buffers reach host code as its parameters and as
+`module.<name>`; an in-place update of any of them (or of a view or alias of them) would change the
+user's data, in production as in the proof. The rule, per function of the block, is local and static:
+
+A name is *fresh* when every binding of it in the function is a fresh expression:
+- a call of a torch allocation or computing function (torch.empty, zeros, full, arange, matmul, cat,
+  where, F.linear, ... but not the view functions transpose, permute, reshape, flatten, narrow, split,
+  chunk, einsum, and no `out=`/`inplace=` argument), `.clone()`, a method returning a new tensor or a
+  plain value (add, mul, sum, size, numel, item, ...), a `.shape`/`.dtype`/... attribute, a constant;
+- arithmetic (`a * b`, `-a`, comparisons) on fresh values, parameters or `module.<name>`: a new tensor
+  or a number, never an alias;
+- a view or part of a fresh value (`out[0]`, `out.view(-1)`, `out.T`), or a builtin or block function
+  applied to fresh values only.
+Parameters, `module.<name>`, and anything bound from them through a view or alias (`w = module.weight`,
+`y = x.contiguous()`, `for t in (x, y)`) are not fresh.
+
+Then: an in-place method (a name ending in `_`: add_, copy_, fill_, clamp_, ...), a subscript assignment
+`t[...] = v`, an `out=` argument and `inplace=True` must each target a fresh tensor, and an augmented
+assignment (`t += 1`) a fresh name. `inner = 1; inner *= s` and `out = torch.empty_like(x);
+out.narrow(1, 0, n).copy_(src)` pass; `w = module.weight; w.clamp_(0)` and `x.add_(0)` do not.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..core.errors import SandboxError
+
+VIEW_FUNCTIONS = frozenset(("transpose", "permute", "reshape", "flatten", "narrow", "split", "chunk", "einsum"))
+SCALAR_ATTRS = frozenset(("shape", "ndim", "dtype", "device", "itemsize"))
+FRESH_METHODS = frozenset((
+    "clone", "size", "stride", "dim", "numel", "element_size", "is_contiguous", "storage_offset", "item",
+    "tolist", "is_floating_point", "add", "sub", "mul", "div", "matmul", "mm", "bmm", "sum", "mean", "amax",
+    "amin", "max", "min", "exp", "neg", "sqrt", "rsqrt", "abs", "clamp", "softmax", "masked_fill",
+    "index_select", "gather", "repeat", "sigmoid", "tanh", "relu", "pow"))
+FRESH_BUILTINS = frozenset(("range", "len", "int", "float", "bool", "divmod", "round", "abs", "sum"))
+_ROOTS = ("torch", "F", "math")
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+class Freshness:
+    """The fresh names of one function (see the module docstring), found by a fixed point over its bindings."""
+
+    def __init__(self, fn: ast.FunctionDef, params: set[str], constants: set[str]) -> None:
+        self.params = params - {"module"}
+        self.constants = constants
+        self.bindings: list[tuple[str, ast.expr]] = []
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    self._bind(t, node.value)
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                self._bind(node.target, node.value)
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                self._bind(node.target, node.iter)
+        self.fresh = {name for name, _ in self.bindings} - params
+        changed = True
+        while changed:
+            stale = {name for name, value in self.bindings if name in self.fresh and not self.is_fresh(value)}
+            self.fresh -= stale
+            changed = bool(stale)
+
+    def _bind(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, ast.Name):
+            self.bindings.append((target.id, value))
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            pairs = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) \
+                and not any(isinstance(e, ast.Starred) for e in (*value.elts, *target.elts))
+            for i, t in enumerate(target.elts):
+                self._bind(t, value.elts[i] if pairs else value)  # type: ignore[attr-defined]
+        elif isinstance(target, ast.Starred):
+            self._bind(target.value, value)
+
+    def _operand(self, node: ast.expr) -> bool:
+        """Fresh, or a tensor or number reached without a call from a parameter or the module: arithmetic on
+        it makes a new value (parameters are tensors or scalars, never sequences of tensors)."""
+        if self.is_fresh(node):
+            return True
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and any(
+                isinstance(n, ast.Call) for n in ast.walk(node)):
+            return False
+        root = _root(node)
+        return isinstance(root, ast.Name) and (root.id in self.params or root.id == "module")
+
+    def is_fresh(self, node: ast.expr) -> bool:
+        """True when NODE's value cannot share memory with a tensor the function did not make."""
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in self.fresh or node.id in self.constants
+        if isinstance(node, ast.Attribute):
+            root = _root(node)
+            if node.attr in SCALAR_ATTRS or isinstance(root, ast.Name) and root.id in _ROOTS:
+                return True
+            return self.is_fresh(node.value)
+        if isinstance(node, ast.Subscript):
+            return self.is_fresh(node.value)
+        if isinstance(node, ast.Starred):
+            return self.is_fresh(node.value)
+        if isinstance(node, ast.BinOp):
+            return self._operand(node.left) and self._operand(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return self._operand(node.operand)
+        if isinstance(node, ast.Compare):
+            return True
+        if isinstance(node, ast.IfExp):
+            return self.is_fresh(node.body) and self.is_fresh(node.orelse)
+        if isinstance(node, (ast.BoolOp, ast.Tuple, ast.List)):
+            return all(self.is_fresh(v) for v in (node.values if isinstance(node, ast.BoolOp) else node.elts))
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        return False
+
+    def _call(self, node: ast.Call) -> bool:
+        func = node.func
+        args = [*node.args, *(k.value for k in node.keywords)]
+        if any(k.arg == "out" for k in node.keywords) or _inplace_kw(node) is not None:
+            return False
+        if isinstance(func, ast.Attribute):
+            root = _root(func)
+            if isinstance(root, ast.Name) and root.id in _ROOTS:
+                return func.attr not in VIEW_FUNCTIONS or all(self.is_fresh(a) for a in args)
+            if isinstance(root, ast.Name) and root.id == "lib":
+                return False
+            return func.attr in FRESH_METHODS or self.is_fresh(func.value)
+        if isinstance(func, ast.Name) and func.id in FRESH_BUILTINS:
+            return True
+        return all(self.is_fresh(a) for a in args)  # min/max/tuple/zip/...: may return an argument
+
+
+def _inplace_kw(node: ast.Call) -> ast.keyword | None:
+    for k in node.keywords:
+        if k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and k.value.value is False):
+            return k
+    return None
+
+
+_HOW = "only tensors this function made itself (torch.empty, zeros, ..., or a computed result) may change in place"
+
+
+def check_call(fresh: Freshness, node: ast.Call) -> None:
+    """Raise SandboxError where the call changes a tensor in place that the function did not make."""
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_") \
+            and not fresh.is_fresh(func.value):
+        raise SandboxError("in-place update", node.lineno,
+                           f"{ast.unparse(func)}() would change a tensor the caller or the module owns; {_HOW}")
+    for k in node.keywords:
+        if k.arg == "out" and not fresh.is_fresh(k.value):
+            raise SandboxError("out= argument", node.lineno,
+                               f"out={ast.unparse(k.value)} would overwrite a tensor the caller or the module owns; "
+                               f"{_HOW}")
+    if _inplace_kw(node) is not None and not (node.args and fresh.is_fresh(node.args[0])):
+        raise SandboxError("inplace=True", node.lineno, f"{ast.unparse(func)}(inplace=...) on a tensor the caller "
+                           f"or the module owns; {_HOW}")
+
+
+def check_store(fresh: Freshness, target: ast.expr, augmented: bool) -> None:
+    """Raise SandboxError where an assignment to TARGET changes a tensor in place that the function did not make."""
+    if isinstance(target, ast.Subscript) and not fresh.is_fresh(target.value):
+        raise SandboxError("subscript assignment", target.lineno,
+                           f"{ast.unparse(target)} = ... would change a tensor the caller or the module owns; {_HOW}")
+    if augmented and isinstance(target, ast.Name) and target.id not in fresh.fresh:
+        raise SandboxError("augmented assignment", target.lineno,
+                           f"{target.id} may be a tensor the caller or the module owns, and an augmented assignment "
+                           f"changes a tensor in place; write {target.id} = {target.id} <op> ... instead")
