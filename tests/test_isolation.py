@@ -9,6 +9,7 @@ import metal_accel
 
 from test_optimize import candidates, chain_report, run
 from toymodels import GOOD, HANG, RUNAWAY_ALLOC, SEGFAULT, TRAP, Net
+from limits import HANG_S
 
 pytestmark = pytest.mark.needs_cxx
 
@@ -65,7 +66,7 @@ def test_worker_memory_cap_grows_with_the_request():
     import subprocess
     import sys
     code = """
-import torch, metal_accel.proof.worker as w
+import torch, metal_accel.proof.worker_main as w
 big = (w.MEMORY_HEADROOM + (2 << 30)) // 4  # floats: 2 GiB over the headroom, address space only (never touched)
 w._limit_memory("cpu", 1 << 30)
 torch.empty(big)
@@ -76,5 +77,5 @@ try:
 except Exception:
     print("refused")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert out.stdout.split() == ["fits", "refused"], out.stderr[-500:]

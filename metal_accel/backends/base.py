@@ -1,46 +1,12 @@
 """The one small interface every backend implements."""
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-import torch
+from ..core.verdict import Environment, os_description, torch_major_minor
+from .timing import Timer
 
-
-@dataclass(frozen=True)
-class Environment:
-    """Where a verdict was measured. Verdicts are only trusted in the same environment."""
-
-    backend: str
-    device_name: str
-    os: str
-    torch: str  # major.minor
-
-    @property
-    def id(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Environment":
-        return cls(**{k: str(data[k]) for k in ("backend", "device_name", "os", "torch")})
-
-
-def torch_major_minor() -> str:
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
-
-
-def os_description() -> str:
-    system = platform.system()
-    if system == "Darwin":
-        return f"macOS {platform.mac_ver()[0].split('.')[0]}"
-    return system
+__all__ = ["Backend", "BackendDefaults", "BoundKernels", "Environment", "KernelLibrary", "Timer", "os_description", "torch_major_minor"]
 
 
 @runtime_checkable
@@ -82,8 +48,7 @@ class Backend(Protocol):
     name: str          # "cpu", "mps", "mps-emu", "cuda"
     device_type: str   # the torch device type tensors live on
     language: str      # kernel language of SOURCE: "c++", "msl", "cuda"
-    # Optional, read with getattr: `timer()` -> a bench.Timer (default: wall clock around synchronize);
-    # `measures_speed = False` for emulated devices, whose verdicts then say "correct" and nothing about speed.
+    measures_speed: bool  # False for emulated devices: their verdicts say "correct" and nothing about speed
 
     def is_available(self) -> bool: ...
 
@@ -96,3 +61,32 @@ class Backend(Protocol):
     def synchronize(self) -> None:
         """Block until all work queued on the device is done."""
         ...
+
+    def build(self, source: str) -> Any:
+        """Compile and check SOURCE without loading it into this process (where the backend can)."""
+        ...
+
+    def prepare(self) -> None:
+        """Run now what building needs a process for, before a worker confines itself."""
+        ...
+
+    def timer(self) -> Timer | None:
+        """The backend's own timer for the speed gate (CUDA: events checked against the wall clock);
+        None: the wall clock around synchronize()."""
+        ...
+
+
+class BackendDefaults:
+    """What a backend inherits unless it says otherwise: it measures speed, times with the wall clock,
+    has nothing to prepare, and builds by compiling (which loads)."""
+
+    measures_speed: bool = True
+
+    def build(self, source: str) -> Any:
+        return self.compile(source)  # type: ignore[attr-defined]
+
+    def prepare(self) -> None:
+        return None
+
+    def timer(self) -> Timer | None:
+        return None

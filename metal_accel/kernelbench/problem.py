@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..proof.speed import TimingRejected, time_call
+from ..backends.timing import TimingRejected, time_call
 from .problems import Problem
 from .result import Row
 from ..core.provider import ProposedText, SynthesisRequest

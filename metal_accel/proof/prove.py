@@ -220,9 +220,8 @@ def build_here(backend: Backend, source: str) -> str:
     """Compile SOURCE here, before the worker runs it: the worker only loads artifacts from the build directory
     (read-only to it, and it may not start a compiler). '' when built (or already on disk), else why not.
     A backend's `build` compiles and checks without loading; where there is none, `compile` also loads."""
-    build = getattr(backend, "build", None)
     try:
-        (build if callable(build) else backend.compile)(source)
+        backend.build(source)
     except MetalAccelError as exc:
         return f"compile error: {exc}"
     return ""
@@ -330,13 +329,12 @@ def rejection_reason(bench: BenchResult, launch: dict[str, Any]) -> str:
 
 def measures_speed(backend: Backend) -> bool:
     """False for emulated devices (`measures_speed = False`, e.g. mps-emu): their verdicts are correctness only."""
-    return bool(getattr(backend, "measures_speed", True))
+    return backend.measures_speed
 
 
 def backend_timer(backend: Backend) -> Any:
     """The backend's own bench timer (CUDA: events checked against the wall clock), else None."""
-    make = getattr(backend, "timer", None)
-    return make() if callable(make) else None
+    return backend.timer()
 
 
 def declares_shape_generic(code: str) -> bool:

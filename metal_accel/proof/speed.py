@@ -6,39 +6,16 @@ import random
 import secrets
 import statistics
 import time
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-import torch
+
+from ..backends.timing import Timer, TimingRejected, cache_flusher, time_call
+from ..core.verdict import BenchResult
+
+__all__ = ["BenchResult", "DEFAULT_MARGIN", "TimingRejected", "cache_flusher", "compare_speed", "median_lower_bound",
+           "time_call"]
 
 DEFAULT_MARGIN = 0.05
-
-
-@dataclass
-class BenchResult:
-    eager_us: float          # median per call
-    kernel_us: float
-    speedup: float           # median eager / median kernel
-    ratio_p25: float         # 25th percentile of per-pair eager/kernel ratios
-    eager_spread: float      # interquartile range / median
-    kernel_spread: float
-    reps: int
-    accepted: bool
-    reason: str
-    rejected_samples: int = 0  # samples a checking timer refused (e.g. CUDA events vs wall clock)
-    ratio_low: float = 0.0     # lower 99% confidence bound of the median per-pair ratio (median_lower_bound)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def cache_flusher(device: torch.device | str, nbytes: int = 64 << 20) -> Callable[[], None]:
-    """A function that evicts the caches (CPU L3, GPU L2) by writing a buffer larger than them."""
-    buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-
-    def flush() -> None:
-        buf.fill_(1.0)
-    return flush
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -68,21 +45,7 @@ def _spread(xs: Sequence[float]) -> float:
     return (_quantile(xs, 0.75) - _quantile(xs, 0.25)) / med if med > 0 else 0.0
 
 
-class TimingRejected(Exception):
-    """A timer does not trust one sample (e.g. CUDA-event and wall-clock times disagree)."""
-
-
-Timer = Callable[[Callable[..., Any], tuple, dict, Callable[[], None]], "tuple[float, Any]"]
 MAX_REJECTED_FRACTION = 0.25
-
-
-def time_call(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> tuple[float, Any]:
-    """Wall time of one call, with the device synchronized before and after (all streams)."""
-    sync()
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    sync()
-    return time.perf_counter() - t0, out
 
 
 # (kernel outputs, eager outputs, label, index of the input set); raises on mismatch (validate.spot_check)

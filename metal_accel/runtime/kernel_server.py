@@ -42,7 +42,7 @@ from ..backends.mps_emu.msl_signature import MslKernel, MslParam
 from ..core.redact import redact
 from ..core.errors import CompileError, MetalAccelError
 from ..sandbox import confine
-from .kernel_server_main import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
+from .kernel_protocol import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
     emu_call_format)
 
 START_TIMEOUT_S = 120.0   # interpreter + torch import + confinement, on a busy machine
@@ -284,8 +284,7 @@ class RemoteLibrary(BoundKernels):
             RemoteLibrary._ids += 1
             self._id = RemoteLibrary._ids
         self._backend, self._source = backend.name, source
-        build = getattr(backend, "build", None)  # compiles and checks without loading; else compile() loads too
-        (build if callable(build) else backend.compile)(source)
+        backend.build(source)
         self._build_dir = str(config.build_dir())
         self._generation = -1
         self._slowest = 0.0

@@ -1,6 +1,6 @@
 """The kernel server's own end: a sandboxed process that loads untrusted native kernels and runs their calls.
 
-    python metal_accel/confine.py -m metal_accel.runtime.kernel_server_main FD FD_CHANNEL PARENT_PID SCRATCH
+    python metal_accel/sandbox/confine.py -m metal_accel.runtime.kernel_server_main FD FD_CHANNEL PARENT_PID SCRATCH
 
 It talks over the Unix socket FD (kernel_server.py is the other end; arenas' descriptors come over
 FD_CHANNEL), dies with its parent
@@ -28,31 +28,9 @@ from typing import Any, Callable
 from ..core import config
 from ..sandbox import confine
 from ..backends import available_backends, get_backend
-from ..proof.worker import prepare as prepare_backend
-
-HEAD = struct.Struct("<IBII")   # payload bytes, op (client) or status (server), library id, kernel index
-OP_LOAD, OP_ARENA, OP_CALL = 1, 2, 3
-OK, FAILED, KERNEL_ERROR = 0, 1, 2  # reply status: done; a load or call failed (text); the kernel reported an error
-ERROR_BYTES = 2000                  # longest error text a reply carries
-
-# C scalar type -> struct code the client packs it with
-_SCALAR_CODES = {"float": "d", "double": "d", "bool": "?", "uint64_t": "Q", "size_t": "Q"}
-
-
-def cpu_call_format(params: list[Any]) -> struct.Struct:
-    """The payload of one call of a CPU kernel with PARAMS (cpu_signature.CParam): an arena offset (Q)
-    per pointer, the value per scalar."""
-    return struct.Struct("<" + "".join("Q" if p.is_pointer else _SCALAR_CODES.get(p.base_type, "q") for p in params))
-
-
-def emu_call_format(nbuffers: int) -> struct.Struct:
-    """The payload of one call of an mps-emu kernel: an arena offset per buffer index, then the grid and group."""
-    return struct.Struct(f"<{nbuffers}Q6Q")
-
-
-def call_frame(payload: struct.Struct) -> struct.Struct:
-    """A whole call request: HEAD's fields, then PAYLOAD's."""
-    return struct.Struct(HEAD.format + payload.format.lstrip("<"))
+from ..proof.worker_main import prepare as prepare_backend
+from .kernel_protocol import (ERROR_BYTES, FAILED, HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, cpu_call_format,
+    emu_call_format)
 
 
 def prepare() -> None:

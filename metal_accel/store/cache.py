@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,60 +20,18 @@ from filelock import FileLock
 
 from . import attest
 from ..core import config
-from ..backends.base import Environment
+from ..core.verdict import Environment, Verdict
 from ..core.candidate import Candidate
 from ..core.errors import CacheError, MetalAccelError
 from ..sandbox.host_check import check_host_code
 from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND, check_kernel_source
 from .clear import OWNED_DIRS, Cleared, clear_dir
 from .index import atomic_write, update_index
-from ..core.redact import redact, redact_obj
+from ..core.redact import redact
 from ..core.specs import InputSpec, OutputSpec
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
-
-
-@dataclass
-class Verdict:
-    """The outcome of proving one candidate in one environment, with the numbers behind it."""
-
-    env: Environment
-    accepted: bool
-    reason: str
-    candidate_digest: str = ""
-    speedup: float | None = None
-    eager_us: float | None = None
-    kernel_us: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    measured_at: float = field(default_factory=time.time)
-    seal: str = ""  # this user's HMAC of the verdict (attest.py); '' on a claim
-    fresh: bool = field(default=True, compare=False, repr=False)  # made by this process, not read; never stored
-
-    def __post_init__(self) -> None:
-        if self.fresh:  # reasons are shown and sent: no environment values, home paths or credentials
-            self.scrub()
-
-    def scrub(self) -> None:
-        self.reason = redact(self.reason)
-        self.details = redact_obj(self.details)
-
-    def content(self) -> dict[str, Any]:
-        """Everything the seal covers: the stored document without the seal."""
-        return {"env": self.env.to_dict(), "accepted": self.accepted, "reason": self.reason,
-                "candidate_digest": self.candidate_digest, "speedup": self.speedup,
-                "eager_us": self.eager_us, "kernel_us": self.kernel_us, "details": self.details,
-                "measured_at": self.measured_at}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.content(), "seal": self.seal}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
-        return cls(env=Environment.from_dict(d["env"]), accepted=bool(d["accepted"]), reason=str(d["reason"]),
-                   candidate_digest=d.get("candidate_digest", ""), speedup=d.get("speedup"),
-                   eager_us=d.get("eager_us"), kernel_us=d.get("kernel_us"), details=d.get("details", {}),
-                   measured_at=float(d.get("measured_at", 0.0)), seal=str(d.get("seal", "")), fresh=False)
 
 
 def sealed_verdict(entry_doc: Any, env_id: str) -> bool:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from metal_accel.proof import worker
+from metal_accel.proof import worker_main as worker
 
 
 def _attempts(proto_out: BinaryIO) -> None:

@@ -23,7 +23,7 @@ from ...sandbox.binary_check import Baseline
 from ...sandbox.kernel_source import HEADERS
 from ..artifact import baseline, check_and_place, ensure_artifact
 from ..native_build import compile_shared
-from ..base import BoundKernels, Environment, os_description, torch_major_minor
+from ..base import BackendDefaults, BoundKernels, Environment, os_description, torch_major_minor
 from .signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c, scalar_converter
 
 COMPILE_TIMEOUT_S = 120
@@ -218,7 +218,7 @@ def _baseline(cxx: str | None) -> Baseline | None:
 
 
 @dataclass(frozen=True)
-class CpuBackend:
+class CpuBackend(BackendDefaults):
     """Kernels in C++ (OpenMP allowed), run on the host CPU."""
 
     name: str = "cpu"

@@ -28,9 +28,9 @@ import filelock
 import torch
 
 from ...core import config
-from ...proof.speed import TimingRejected
+from ..timing import TimingRejected
 from ...core.errors import BackendUnavailableError, CompileError, KernelLaunchError
-from ..base import BoundKernels, Environment, os_description, torch_major_minor
+from ..base import BackendDefaults, BoundKernels, Environment, os_description, torch_major_minor
 from . import nvrtc as cuda_nvrtc
 from .nvrtc import (_bindings, _check, _header_digest, cache_key, check_device_state, nvrtc_available,
     nvrtc_compile, nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
@@ -241,7 +241,7 @@ def event_timer(abs_tol_s: float = 50e-6, rel_tol: float = 0.25) -> Callable[...
     The device is synchronized before and after (all streams). Events cannot see work the call
     puts on other streams, and the wall clock sees host stalls the GPU does not: when the event
     time exceeds the wall time, or the wall time exceeds it by more than `abs_tol_s + rel_tol x
-    event`, the sample raises TimingRejected (bench.compare_speed retries it).
+    event`, the sample raises TimingRejected (proof.speed.compare_speed retries it).
     """
     def timer(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> tuple[float, Any]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -287,7 +287,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 @dataclass(frozen=True)
-class CudaBackend:
+class CudaBackend(BackendDefaults):
     """CUDA C++ kernels compiled with NVRTC for the current NVIDIA GPU."""
 
     name: str = "cuda"

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from ...proof.speed import TimingRejected, time_call
+from ..timing import TimingRejected, time_call
 from ...core.errors import BackendUnavailableError, CompileError
-from ..base import Environment, os_description, torch_major_minor
+from ..base import BackendDefaults, Environment, os_description, torch_major_minor
 from .launch import (MAX_BUFFER_INDEX, MAX_SET_BYTES, ascii_source, kernel_names_in, launch_geometry,
     pack_arguments, pack_scalar)
 from .library import EXT_MSL_VERSION, ExtensionLauncher, MpsKernel, MpsLibrary, ShaderLauncher
@@ -89,7 +89,7 @@ def event_checked_timer(tolerance_s: float = 100e-6, rel_tol: float = 0.1) -> Ca
     The wall time is what the user pays: MPS encodes on the CPU and commits command buffers lazily,
     so the GPU-side event span can leave out the encoding that dominates small calls. Events serve
     as the check: a GPU span longer than the wall span around it means work escaped the
-    synchronization, and the sample raises TimingRejected (bench.compare_speed retries it).
+    synchronization, and the sample raises TimingRejected (proof.speed.compare_speed retries it).
     """
     def timer(fn: Callable[..., Any], args: tuple, kwargs: dict, sync: Callable[[], None]) -> tuple[float, Any]:
         from torch.mps.event import Event
@@ -128,7 +128,7 @@ def clear_memory_cache() -> None:
 
 
 @dataclass(frozen=True)
-class MpsBackend:
+class MpsBackend(BackendDefaults):
     """Metal Shading Language kernels on Apple GPUs (PyTorch's MPS device)."""
 
     name: str = "mps"

@@ -35,7 +35,7 @@ from ...sandbox.binary_allow import MPS_EMU as MPS_EMU_POLICY
 from ...sandbox.binary_check import Baseline
 from ..artifact import baseline, check_and_place, discard, ensure_artifact
 from ..native_build import compile_shared, compiler_env, scrub_diagnostics
-from ..base import Environment, os_description, torch_major_minor
+from ..base import BackendDefaults, Environment, os_description, torch_major_minor
 from ..cpu.backend import _compiler_identity, artifact_path, cpu_name, find_compiler, openmp_flags
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
@@ -334,7 +334,7 @@ def clear_memory_cache() -> None:
 
 
 @dataclass(frozen=True)
-class MpsEmuBackend:
+class MpsEmuBackend(BackendDefaults):
     """Metal Shading Language kernels, emulated on the CPU (proves correctness, not speed)."""
 
     name: str = "mps-emu"
