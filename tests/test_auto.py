@@ -15,6 +15,7 @@ from metal_accel.store import cache as cache_mod
 
 from test_optimize import candidates, chain_report
 from toymodels import GOOD, Net
+from limits import HANG_S
 
 pytestmark = pytest.mark.needs_cxx
 HERE = Path(__file__).parent
@@ -41,7 +42,7 @@ print(json.dumps({{"hits": auto.hits if auto else 0, "patched": patched,
 def run_script(cache: Path, first: str, **env: str) -> dict:
     script = USE.format(here=str(HERE), first=first)
     full_env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(cache), **env}
-    out = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -121,7 +122,7 @@ def test_recording_then_offline_listing(tmp_path, isolated_user_cache):
               "from toymodels import Net\nm = Net().eval()\n"
               "with torch.inference_mode():\n    for _ in range(3): m(torch.randn(2, 256))\n")
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     from metal_accel.auto.record import load_recorded_module, recorded_calls
     recs = {r.class_path.rsplit(".", 1)[-1]: r for r in recorded_calls()}
@@ -137,7 +138,7 @@ def test_recorded_calls_are_synthesized_offline_then_run_by_import(tmp_path, iso
               "from toymodels import Net\nm = Net().eval()\n"
               "with torch.inference_mode():\n    m(torch.randn(4, 256))\n")
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_RECORD": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     from metal_accel.auto.record import synthesize_recorded
     results = synthesize_recorded([candidates(tmp_path, good=GOOD)], top=5, progress=False)
@@ -180,7 +181,7 @@ def test_import_alone_leaves_a_cached_torch_compile_verdict_to_optimize(isolated
     script = COMPILED_USE.format(here=str(HERE)).replace(
         "hook.deactivate()", "patched = [c.__name__ for c in hook.patched_classes()]\nhook.deactivate()").replace(
         '"max_err":', '"patched": patched, "max_err":')
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["patched"] == [] and res["ops"] == [] and res["hits"] == 0, (res, out.stderr[-2000:])
@@ -208,7 +209,7 @@ def test_user_torch_compile_of_a_patched_class_runs(cached_chain):
     """torch.compile of a model whose classes import-time instrumentation patched traces the eager code."""
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(cached_chain)}
     out = subprocess.run([sys.executable, "-c", USER_COMPILES.format(here=str(HERE))], env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["max_err"] < 1e-4
 
@@ -223,6 +224,6 @@ def test_user_torch_compile_over_a_cached_torch_compile_verdict(isolated_user_ca
     script = script.replace("torch.randn(4, 256)", "torch.randn(64, 1024)")
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
     out = subprocess.run([sys.executable, "-c", script.format(here=str(HERE))], env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["max_err"] < 1e-4

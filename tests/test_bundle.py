@@ -24,6 +24,7 @@ from metal_accel.core.specs import InputSpec, OutputSpec
 
 from test_optimize import chain_report
 from toymodels import GOOD, Chain, Net
+from limits import HANG_S
 
 pytestmark = pytest.mark.needs_cxx
 HERE = Path(__file__).parent
@@ -172,7 +173,7 @@ def test_eight_processes_write_one_cache_without_loss(tmp_path, isolated_user_ca
     procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(here=str(HERE)), str(i), str(tmp_path / f"c{i}"),
                                GOOD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(8)]
-    outs = [p.communicate(timeout=600) for p in procs]
+    outs = [p.communicate(timeout=HANG_S) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     entries = list(cache_mod.user_cache().entries("cpu"))  # every file parses, or it would be skipped
     files = list((isolated_user_cache / "cpu").glob("*.json"))

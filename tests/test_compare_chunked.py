@@ -12,6 +12,7 @@ import torch
 
 import metal_accel.proof.compare as compare
 from metal_accel.proof.compare import Mismatch, compare_output
+from limits import HANG_S
 
 
 def _verdict(out: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor | None = None) -> tuple[str, object]:
@@ -126,6 +127,6 @@ def test_comparing_a_large_output_takes_a_fraction_of_its_size_in_temporaries():
     guess at a time."""
     for which, limit in (("compare", 3), ("trivial", 1.5)):  # ru_maxrss is a high-water mark: one process each
         run = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, which], capture_output=True, text=True,
-                             timeout=120)
+                             timeout=HANG_S)
         assert run.returncode == 0, run.stderr
         assert float(run.stdout) < 64 * limit, (which, run.stdout)

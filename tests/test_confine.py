@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from metal_accel.sandbox import confine
+from limits import HANG_S
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock and seccomp are Linux's")
 needs_landlock = pytest.mark.skipif(confine.landlock_abi() < 1, reason="this kernel has no Landlock")
@@ -93,7 +94,7 @@ def test_confined_process_cannot_escape(tmp_path):
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
     proc = subprocess.run([sys.executable, "-c", PROBE, str(scratch), str(ro), str(outside), str(cache), str(port)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert line, proc.stderr[-2000:]
     out = json.loads(line[len("RESULT "):])
@@ -116,7 +117,7 @@ def test_launcher_runs_the_module_in_its_own_network_namespace(tmp_path):
         "print('IFACES', sorted(n for _, n in socket.if_nameindex()))\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, confine.__file__, "-m", "probe_netns"], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=60)
+                          env=env, cwd=tmp_path, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-1000:]
     netns = next(l for l in proc.stdout.splitlines() if l.startswith("NETNS"))
     if "not applied" in netns:

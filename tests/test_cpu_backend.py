@@ -13,6 +13,7 @@ from metal_accel.backends import available_backends, backend_for_device, get_bac
 from metal_accel.backends.cpu import backend as cpu
 from metal_accel.backends.cpu.backend import CParam, CpuBackend, parse_extern_c
 from metal_accel.core.errors import BackendUnavailableError, CompileError, KernelLaunchError
+from limits import HANG_S
 
 pytestmark = pytest.mark.skipif(not CpuBackend().is_available(), reason="no C++ compiler")
 
@@ -136,7 +137,7 @@ def test_disk_cache_hit_in_subprocess_without_compiler(user_cache):
     """)
     env = dict(os.environ, METAL_ACCEL_USER_CACHE=str(user_cache), CXX="/nonexistent/c++")
     proc = subprocess.run([sys.executable, "-c", code], input=FMA, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "False"]
 

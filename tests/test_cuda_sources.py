@@ -17,6 +17,7 @@ from metal_accel.backends.cuda.signature import parse_cuda_kernels
 from metal_accel.core.candidate import parse_candidate
 from metal_accel.sandbox.host import check_host_code
 from metal_accel.sandbox.kernel_source import check_kernel_source
+from limits import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "benchmarks" / "candidates" / "cuda").glob("*.py")) + \
@@ -60,7 +61,7 @@ def test_compiles_with_nvcc(path, tmp_path):
     src = tmp_path / "k.cu"
     src.write_text(cand.source)
     proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-std=c++17", "-o", str(tmp_path / "k.cubin"), str(src)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

@@ -23,6 +23,7 @@ from metal_accel.store.cache import CacheEntry, Verdict
 from metal_accel.core.candidate import parse_candidate
 from metal_accel.core.keys import class_path, class_source_sha, entry_key, module_fingerprint
 from metal_accel.core.specs import InputSpec, OutputSpec
+from limits import HANG_S
 
 HERE = Path(__file__).parent
 
@@ -78,7 +79,7 @@ def put_entry(module: nn.Module, x: torch.Tensor, *, kind: str = "kernel", accep
 
 def run_python(script: str, **env: str) -> dict:
     out = subprocess.run([sys.executable, "-c", f"import sys\nsys.path.insert(0, {str(HERE)!r})\n" + script],
-                         env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+                         env={**os.environ, **env}, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -23,6 +23,7 @@ from metal_accel.core.candidate import parse_candidate
 from metal_accel.core.errors import KernelLaunchError, MetalAccelError
 from metal_accel.runtime.kernel_server import KernelServerError, RemoteLibrary
 from toymodels import GOOD
+from limits import HANG_S
 
 pytestmark = pytest.mark.needs_cxx
 
@@ -174,9 +175,9 @@ def test_server_dies_with_its_parent(tmp_path: Path) -> None:
         print(server_process().pid, flush=True)
         os.kill(os.getpid(), 9)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
     pid = int(proc.stdout.split()[0])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and \
             "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2:3]:
         time.sleep(0.1)

@@ -14,6 +14,7 @@ import metal_accel
 from metal_accel.store import cache as cache_mod
 
 from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Chain, Net
+from limits import HANG_S
 
 pytestmark = pytest.mark.needs_cxx
 KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}  # validate.TOLERANCES for float32
@@ -164,7 +165,7 @@ def test_second_process_reads_the_cache(tmp_path, isolated_user_cache):
         "print(cpu.compile_count)\n"
     )
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     status, source, hits, compiles = out.stdout.split()
     assert (status, source, hits) == ("kernel", "cache:user", "1")

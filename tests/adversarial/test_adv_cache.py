@@ -275,7 +275,7 @@ def test_crash_reason_is_redacted_in_the_llm_feedback(leaky_crash, monkeypatch):
     pytest.importorskip("openai")
     from llm_server import ScriptedLLM
     from metal_accel.synth.settings import SynthSettings
-    settings = SynthSettings(samples=1, repair_rounds=1, concurrency=1, request_timeout_s=10.0, sdk_max_retries=0,
+    settings = SynthSettings(samples=1, repair_rounds=1, concurrency=1, request_timeout_s=120.0, sdk_max_retries=0,
                              extra_retries=0, profile=False, references=False, progress=False)
     second = GOOD.replace("def forward(module, x):", "def forward(module, x):\n    n = x.shape[-1]")
     with ScriptedLLM({"gpt-4o": [f"```python\n{GOOD}```\n", f"```python\n{second}```\n"]}) as server:

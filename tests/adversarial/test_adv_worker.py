@@ -21,6 +21,7 @@ from metal_accel.proof import worker
 
 from harness import candidate_dir, kernel_with
 from toymodels import Net
+from limits import HANG_S
 
 pytestmark = [pytest.mark.needs_cxx,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux worker's confinement")]
@@ -81,7 +82,7 @@ def test_code_in_the_worker_reaches_nothing_of_the_user(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
     env["PROBE_TARGETS"] = json.dumps({"user_cache": str(user_cache), "tmp": str(tmp_path), "build_dir": str(build),
                                        "port": listener.getsockname()[1]})
-    proc = subprocess.run(cmd, env=env, cwd=scratch, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, env=env, cwd=scratch, capture_output=True, timeout=HANG_S, stdin=subprocess.DEVNULL)
     frames, data = [], proc.stdout
     while len(data) >= 8:
         size = int.from_bytes(data[:8], "little")
