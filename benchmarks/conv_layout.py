@@ -7,7 +7,7 @@ Per problem, its first Conv2d/Conv3d/ConvTranspose2d/3d on the input it receives
 to --max-tensor-mb as the bench fits it), median of 40 calls between synchronizations (CUDA events), in
 microseconds: `model` the whole eager model; `nchw` the conv as eager runs it; `nhwc+conv_x` the conv with
 channels-last weights on the input converted to channels-last in the call; `nhwc(w nchw)` the input
-converted, the weights left NCHW. Output: docs/cuda/h100_conv_layout_run1.txt.
+converted, the weights left NCHW. Output: docs/results/conv_layout/h100_conv_layout_run1.json.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ largest tensor is at most --mb MB: eager, torch.compile (inductor, default mode)
 and `torch.sum` over the inputs (every input byte read once, nothing written: the read ceiling of this
 machine) are timed in interleaved rounds on two alternating input sets, in rotating order. The table gives
 medians and GB/s over the least bytes each must move (inputs and output). Outputs are checked against eager
-first (torch.testing.assert_close); the pipeline's full proof runs in `metal-accel bench`. Writes the
-section cpu_bandwidth of docs/benchmarks.md.
+first (torch.testing.assert_close); the pipeline's full proof runs in `metal-accel bench`. Writes its run to
+docs/results/cpu_bandwidth/ (then `python -m benchmarks.render`).
 """
 from __future__ import annotations
 
@@ -115,13 +115,13 @@ def main() -> None:
     print(text)
     if not args.no_write:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from _docs import write_section
+        from results import from_markdown, record, today
         command = (f"python benchmarks/cpu_bandwidth.py --keys {' '.join(args.keys)} --mb {args.mb:g} "
                    f"--rounds {args.rounds}")
         body = ("Medians of interleaved rounds (one call of each per round, order rotating, two input sets "
                 "alternating). `read` is `torch.sum` over the inputs: every input byte read once, the read ceiling "
                 "a kernel that must read them all can approach; its GB/s counts the inputs only.\n\n" + text)
-        write_section("cpu_bandwidth", "CPU: memory-bound kernels against a plain read", command, body)
+        record("cpu_bandwidth", f"cpu_{today()}", command, from_markdown(body))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python benchmarks/cpu_blocks.py [--no-write]
 
 Uses only the shipped cache (an empty temporary user cache), so it measures what a new user gets.
-Writes its section of docs/benchmarks.md.
+Writes its run to docs/results/ (render docs/benchmarks.md with `python -m benchmarks.render`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; write no results file")
     args = parser.parse_args()
     os.environ["METAL_ACCEL_USER_CACHE"] = tempfile.mkdtemp(prefix="metal_accel_bench_")
     import torch
@@ -70,8 +70,8 @@ def main() -> int:
           "custom op, host code, kernel) on fresh inputs; medians of interleaved pairs.\n")
     print(body)
     if not args.no_write:
-        from _docs import write_section
-        write_section("cpu_blocks", "CPU: shipped kernels and the quickstart model", "python benchmarks/cpu_blocks.py", body)
+        from results import from_markdown, record, today
+        record("cpu_blocks", f"cpu_{today()}", "python benchmarks/cpu_blocks.py", from_markdown(body))
     return 0
 
 

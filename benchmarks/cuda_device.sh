@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md):
+# GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md).
+# Results that come back go into docs/results/<benchmark>/<run>.json with "command", "machine" and "date"
+# added (kernelbench_cuda, cuda_bandwidth, cuda_blocks, ...); then python -m benchmarks.render:
 #   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench cpu
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.

@@ -1,6 +1,8 @@
 """Per-call cost of running an untrusted CPU kernel in the kernel server instead of in this process.
 
-    python benchmarks/dispatch_cost.py [--rounds 41] [--out docs/results/dispatch_cost_cpu.json]
+    python benchmarks/dispatch_cost.py [--rounds 41] [--run NAME]
+
+Writes docs/results/dispatch_cost/NAME.json (default cpu_DATE); then `python -m benchmarks.render`.
 
 For the toy Chain module (tests/toymodels.py: 36 elementwise ops eager, one fused kernel) at a few sizes:
 (a) the eager module, (b) the candidate's host forward with its kernel loaded in this process (trusted:
@@ -26,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 SIZES = ((4, 256), (64, 1024), (1024, 4096))
 BATCH_S = 0.004  # a batch of calls takes about this long
@@ -80,8 +83,7 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=41)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "dispatch_cost_cpu.json")
-    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    parser.add_argument("--run", help="the run's name in docs/results/dispatch_cost/ (default: cpu_DATE)")
     opts = parser.parse_args()
     os.environ.setdefault("METAL_ACCEL_USER_CACHE", tempfile.mkdtemp(prefix="dispatch-cost-"))
     results = []
@@ -104,31 +106,10 @@ def main() -> None:
     doc = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "rounds": opts.rounds,
            "results": results}
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {opts.out}")
-    if not opts.no_write:
-        render(doc)
-
-
-def render(doc: dict) -> None:
-    """The section `dispatch_cost_cpu` of docs/benchmarks.md, from DOC (this script's JSON)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _docs import write_section
-    m = doc["machine"]
-    rows = ["| shape | eager / in-process | eager / kernel server | server / in-process | server's extra per call |",
-            "|---|---|---|---|---|"]
-    for r in doc["results"]:
-        rows.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['eager_over_in_process']:.2f}x | "
-                    f"{r['eager_over_server']:.2f}x | {r['server_over_in_process']:.2f}x | "
-                    f"{r['server_extra_us']:.0f} µs (this machine; indicative) |")
-    body = ("The toy Chain kernel (36 elementwise ops fused) called three ways, interleaved rounds, medians: eager, "
-            "the kernel loaded in this process (shipped kernels, or `METAL_ACCEL_TRUST_NATIVE=1`), and through the "
-            "kernel server (untrusted CPU kernels, the default). Ratios are the result; microseconds on this shared "
-            f"machine only indicate (load average {m['load_average_1m']:.1f} at the start).\n\n" + "\n".join(rows))
-    write_section("dispatch_cost_cpu", "Untrusted CPU kernels in the kernel server: the per-call cost (issue 25)",
-                  doc["command"], body, f"{m['cpu']}, {m['cores']} cores, {m['os']}, torch {m['torch']}",
-                  doc["date"][:10])
+    path = RESULTS / "dispatch_cost" / f"{opts.run or 'cpu_' + doc['date'][:10]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 
 Times a trivial module's forward (so the overhead is not hidden behind real work) in blocks,
 alternating unpatched and patched blocks, and reports the median per-call difference.
-Writes its section of docs/benchmarks.md.
+Writes its run to docs/results/ (render docs/benchmarks.md with `python -m benchmarks.render`).
 """
 from __future__ import annotations
 
@@ -85,9 +85,8 @@ def main() -> int:
                                "at most 2 µs per call on the miss path.\n")
     print(body)
     if not args.no_write:
-        from _docs import write_section
-        write_section("hook_overhead", "CPU: dispatch cost on calls without a kernel",
-                      "python benchmarks/hook_overhead.py", body)
+        from results import from_markdown, record, today
+        record("dispatch_cost", f"hook_{today()}", "python benchmarks/hook_overhead.py", from_markdown(body))
     return 0
 
 

@@ -6,15 +6,15 @@
 
 Runs `metal-accel bench` with `--compile-candidate`, so per problem the pipeline picks the best of
 eager, torch.compile and any CPU kernel candidate, and the suite times eager, torch.compile and the
-chosen best side by side, with a fresh user cache (no verdict of an earlier run is reused). Writes its
-section of docs/benchmarks.md. `--from DIR` writes the section
-from an earlier run's output directory instead of running again.
+chosen best side by side, with a fresh user cache (no verdict of an earlier run is reused). Writes the
+run to docs/results/kernelbench_cpu/RUN.json (then `python -m benchmarks.render`). `--from DIR` records
+an earlier run's output directory instead of running again.
 
 `--cap KEY=MB` gives a problem its own `--max-tensor-mb` (a larger one for a problem whose batch of
 one is over the common cap, a smaller one to shrink the batch of a problem whose weights are the
 cost); each problem then runs in a bench of its own, and the rows are merged into one suite.json.
-`--from DIR` also takes such a directory of per-problem runs (DIR/<key>/suite.json). With `--machine` and
-`--date` it writes the section of a run made elsewhere (e.g. the device host's CPU, benchmarks/cuda_device.sh
+`--from DIR` also takes such a directory of per-problem runs (DIR/<key>/suite.json). With `--machine`,
+`--date` and `--platform` it records a run made elsewhere (e.g. the device host's CPU, benchmarks/cuda_device.sh
 step cpu, for problems too large for this machine).
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def run_benches(args: argparse.Namespace, out: Path, caps: dict[str, float]) -> 
 
 
 def suite_table(out: Path) -> str:
-    """The run's markdown table: suite.md, or rendered from suite.json (raw data kept in docs/cpu)."""
+    """The run's markdown table: suite.md, or rendered from suite.json (raw data kept in docs/results/kernelbench_cpu)."""
     if (out / "suite.md").is_file():
         return (out / "suite.md").read_text()
     from metal_accel.kernelbench.report import markdown
@@ -97,8 +97,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", type=int, default=2)
     parser.add_argument("--ids", default="1-30", help="problem ids, e.g. 1-30 or 1,2,7")
-    parser.add_argument("--keys", nargs="+", help="problems of any level, e.g. L1_12 L2_20 (needs --section)")
-    parser.add_argument("--section", help="the docs/benchmarks.md section to write (default: from level and ids)")
+    parser.add_argument("--keys", nargs="+", help="problems of any level, e.g. L1_12 L2_20 (needs --run)")
+    parser.add_argument("--run", "--section", dest="run",
+                        help="the run's name in docs/results/kernelbench_cpu/ (default: from level, ids and date)")
+    parser.add_argument("--platform", default="cpu", help="cpu, or e.g. cpu-xeon16 for another machine's run")
     parser.add_argument("--max-tensor-mb", type=float, default=2.0)
     parser.add_argument("--from", dest="from_dir", help="an earlier run's --out directory, or its suite.json")
     parser.add_argument("--cap", nargs="+", default=[], metavar="KEY=MB",
@@ -109,8 +111,8 @@ def main() -> int:
     args = parser.parse_args()
     if (args.machine or args.date) and not args.from_dir:
         parser.error("--machine and --date describe an earlier run: they need --from")
-    if args.keys and not args.section:
-        parser.error("--keys needs --section")
+    if args.keys and not args.run:
+        parser.error("--keys needs --run")
     caps = parse_caps(args.cap)
     if caps and not args.keys:
         parser.error("--cap needs --keys")
@@ -121,28 +123,19 @@ def main() -> int:
     elif Path(out).is_dir() and not (Path(out) / "suite.json").is_file():  # per-problem runs: merge them
         merge([Path(out) / k / "suite.json" for k in args.keys or () if (Path(out) / k / "suite.json").is_file()],
               Path(out))
-    table = suite_table(Path(out))
-    body = ("Per problem, the pipeline chose among eager, torch.compile (inductor, default mode) and the CPU kernel "
-            "candidates of benchmarks/candidates/cpu, under the same proof and speed gate; the table times eager, "
-            "torch.compile of the whole Model and the chosen best side by side (medians, interleaved). "
-            f"`batch_size` is halved until no tensor exceeds {args.max_tensor_mb:g} MB"
-            + (" (" + ", ".join(f"{k}: {mb:g} MB" for k, mb in caps.items()) + ", each in a bench of its own)"
-               if caps else "") + ", so shapes are smaller than KernelBench's.\n\n" + table)
-    print(body)
+    doc = Path(out) if Path(out).suffix == ".json" else Path(out) / "suite.json"
+    suite = json.loads(doc.read_text())
+    print(suite_table(Path(out)))
     if not args.no_write:
-        from _docs import write_section
-        section = args.section or ("kernelbench_cpu" if args.level == 2 else f"kernelbench_cpu_l{args.level}")
-        if not args.section and not args.ids.startswith("1-"):  # a later range of the level: a section of its own
-            section += f"_{args.ids}"
+        from results import record, today
         which = f"--keys {' '.join(args.keys)}" if args.keys else f"--level {args.level} --ids {args.ids}"
-        levels = sorted({k.split("_")[0] for k in args.keys or ()})
-        what = (f"{len(args.keys)} problems of {', '.join(levels)}" if args.keys
-                else f"level {args.level} (problems {args.ids})")
-        write_section(section, f"CPU: KernelBench {what}, best of eager / torch.compile / kernels",
-                      f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}"
-                      + (f" --cap {' '.join(args.cap)}" if caps else "") + "  (runs: " + shlex.join(cmd)
-                      + (", per problem, with its own cap" if caps else "") + ")", body, machine_text=args.machine,
-                      date=args.date)
+        run = args.run or f"l{args.level}_{args.ids.replace(',', '_')}_{args.date or today()}"
+        driver = (f"python benchmarks/kernelbench_cpu.py {which} --max-tensor-mb {args.max_tensor_mb:g}"
+                  + (f" --cap {' '.join(args.cap)}" if caps else ""))
+        command = suite.pop("command", None) or shlex.join(cmd)
+        suite.pop("date", None)
+        record("kernelbench_cpu", run, command, {"driver": driver, "platform": args.platform, **suite},
+               machine_text=args.machine, date=args.date)
     return 0
 
 

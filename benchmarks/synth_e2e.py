@@ -11,7 +11,7 @@ answer is real: sandbox, isolated compile and validation, timing against eager, 
 Reports the wall time per synthesized module split into LLM wait (waiting for answers with no
 evaluation running), compile, validate and benchmark, and the concurrency achieved (mean and
 peak requests in flight). The shipped cache is hidden and the user cache is a temporary one, so
-every module is synthesized. Writes its section of docs/benchmarks.md.
+every module is synthesized. Writes its run to docs/results/ (render docs/benchmarks.md with `python -m benchmarks.render`).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=1.5, help="mean seconds per LLM answer")
     parser.add_argument("--models", type=int, default=2, choices=(1, 2), help="1: openai only; 2: openai + anthropic")
     parser.add_argument("--samples", type=int, default=2, help="conversations per model and module")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-write", action="store_true", help="print only; write no results file")
     args = parser.parse_args()
     os.environ["METAL_ACCEL_USER_CACHE"] = tempfile.mkdtemp(prefix="metal_accel_synth_bench_")
 
@@ -121,9 +121,8 @@ def main() -> int:
     ])
     print(body)
     if not args.no_write:
-        from _docs import write_section
-        write_section("synth_e2e", "Synthesis end to end (scripted LLM server, CPU backend)",
-                      "python benchmarks/synth_e2e.py", body)
+        from results import from_markdown, record, today
+        record("synth_e2e", f"cpu_{today()}", "python benchmarks/synth_e2e.py", from_markdown(body))
     return 0
 
 

@@ -8,12 +8,12 @@ Each measurement runs in a fresh subprocess with the checkout first on PYTHONPAT
 cached (compiles and proofs included), `warm` is optimize() again in a new process on that cache.
 Rounds alternate the checkouts, so both see the same machine load. The forward figures are interleaved
 eager/optimized pairs inside one process: on this shared CPU machine only their ratio is a result.
-Writes JSON (command, machine, date, every sample) and the section `trust_cost` of docs/benchmarks.md.
+Writes its run (command, machine, date, every sample) to docs/results/trust_cost/ (then
+`python -m benchmarks.render`).
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -25,7 +25,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULT = ROOT / "docs" / "results" / "trust_cost_cpu.json"
 
 
 def child(phase: str) -> None:
@@ -88,30 +87,13 @@ def measure(checkout: Path, cache: Path, phase: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def render(data: dict) -> str:
-    rows = ["| checkout | optimize() cold, s | optimize() warm, s | modules replaced | forward vs eager | dispatcher miss, µs |",
-            "|---|---|---|---|---|---|"]
-    for name, runs in data["results"].items():
-        cold = [r for r in runs if r["phase"] == "cold"]
-        warm = [r for r in runs if r["phase"] == "warm"]
-        med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
-        rows.append(f"| {name} ({data['checkouts'][name]}) | {med(cold, 'optimize_s'):.1f} | "
-                    f"{med(warm, 'optimize_s'):.2f} | {med(warm, 'replaced'):.0f} | "
-                    f"{med(warm, 'forward_speedup'):.2f}x | {med(warm, 'dispatch_miss_us'):.2f} |")
-    return ("`--before` names a checkout of the commit before the change (`git worktree add ../before "
-            f"{data['checkouts']['before']}`). Medians over the rounds; `forward vs eager` is the median of interleaved eager/optimized pairs "
-            "of the warm run (a ratio, measured side by side); `dispatcher miss` is the per-call cost of a "
-            "dispatcher with no kernel for the call, over a bare call.\n\n" + "\n".join(rows))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child")
     parser.add_argument("--before", type=Path)
     parser.add_argument("--after", type=Path, default=ROOT)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULT)
-    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--run", help="the run's name (default: cpu_DATE, cpu_kernels_DATE with METAL_ACCEL_COMPILE=0)")
     args = parser.parse_args()
     if args.child:
         child(args.child)
@@ -130,18 +112,11 @@ def main() -> int:
                     results[name].append(res)
                     print(f"round {r} {name} {phase}: {res}", flush=True)
     sys.path.insert(0, str(HERE))
-    from _docs import machine, write_section
-    data = {"command": " ".join(["python", "benchmarks/trust_cost.py", *sys.argv[1:]]), "machine": machine(),
-            "date": datetime.date.today().isoformat(), "checkouts": revs, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1))
-    print(render(data))
-    if not args.no_write:
-        kernels_only = os.environ.get("METAL_ACCEL_COMPILE") == "0"
-        write_section("trust_cost_kernels" if kernels_only else "trust_cost",
-                      "What the trust hardening costs (issue 25, CPU" +
-                      (", shipped kernels only: METAL_ACCEL_COMPILE=0)" if kernels_only else ")"),
-                      ("METAL_ACCEL_COMPILE=0 " if kernels_only else "") + data["command"], render(data))
+    from results import machine, record, today
+    kernels_only = os.environ.get("METAL_ACCEL_COMPILE") == "0"
+    command = " ".join(["METAL_ACCEL_COMPILE=0"] * kernels_only + ["python", "benchmarks/trust_cost.py", *sys.argv[1:]])
+    record("trust_cost", args.run or f"cpu{'_kernels' * kernels_only}_{today()}", command,
+           {"checkouts": revs, "results": results}, machine())
     return 0
 
 
