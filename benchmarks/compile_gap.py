@@ -43,7 +43,7 @@ def variants(model: torch.nn.Module, inputs: tuple, backend: str) -> tuple[dict[
     op = CompiledOp(copy.deepcopy(model), "compile_gap_op")
     fns["op"] = lambda *a: op(a, {}, [])
     if backend == "cuda":
-        from metal_accel.candidates.graph import GraphedOp
+        from metal_accel.runtime.graph import GraphedOp
         gmodel = copy.deepcopy(model)
         graphed = GraphedOp(CompiledOp(gmodel, "compile_gap_graph"), gmodel)
         fns["graph"] = lambda *a: graphed(a, {}, [])

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from metal_accel.backends import get_backend  # noqa: E402
-from metal_accel.candidates.graph import GraphedOp  # noqa: E402
+from metal_accel.runtime.graph import GraphedOp  # noqa: E402
 from metal_accel.core.candidate import parse_candidate  # noqa: E402
 from metal_accel.runtime.capture import capture  # noqa: E402
 from metal_accel.runtime.dispatch import eager_forward, eager_only, install  # noqa: E402

@@ -3,16 +3,26 @@
     model = metal_accel.optimize(model, example_inputs)
     print(metal_accel.explain(model))
 """
-from .api import explain, optimize, restore
+from .api import explain, load_cache, optimize, restore
+from .auto import hook, record
 from .backends import available_backends, get_backend
-from .store.cache import CacheEntry, Verdict, load_cache
-from .core.candidate import Candidate, parse_candidate
-from .runtime.dispatch import eager_only as eager
-from .core.errors import (BackendUnavailableError, CacheError, CandidateFormatError, CompileError,
-    KernelLaunchError, MetalAccelError, SandboxError)
-from .report import ModuleReport, OptimizeReport
-from .synth.budget import Limits
 from .candidates.directory import DirectoryProvider
+from .core import config
+from .core.candidate import Candidate, parse_candidate
+from .core.errors import (
+    BackendUnavailableError,
+    CacheError,
+    CandidateFormatError,
+    CompileError,
+    KernelLaunchError,
+    MetalAccelError,
+    SandboxError,
+)
+from .core.verdict import Verdict
+from .report import ModuleReport, OptimizeReport
+from .runtime.dispatch import eager_only as eager
+from .store.cache import CacheEntry
+from .synth.budget import Limits
 from .synth.loop import SynthesisError, SynthesisLoop
 from .synth.models import ProviderConfigError
 from .synth.settings import SynthSettings
@@ -25,14 +35,11 @@ def _activate_from_environment() -> None:
     import logging
     import os
 
-    from .core import config
     if config.disabled():
         return
     try:
-        from .auto import hook
         hook.activate()
         if os.environ.get("METAL_ACCEL_RECORD", "") not in ("", "0"):
-            from .auto import record
             record.start_recording()
     except Exception as exc:  # importing the library must never fail because of a cache
         logging.getLogger(__name__).warning("metal_accel: auto-instrumentation is off: %s", exc)

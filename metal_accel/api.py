@@ -1,33 +1,37 @@
-"""The public entry points: optimize(), restore(), explain()."""
+"""The public entry points: optimize(), restore(), explain(), load_cache()."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core import config
+from .auto import hook
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
-from .proof.speed import DEFAULT_MARGIN
+from .candidates.providers import build_providers
+from .core import config
 from .core.candidate import Candidate
-from .runtime.capture import ModuleCall, capture
-from .runtime.dispatch import dispatcher_of, uninstall
 from .core.errors import MetalAccelError
-from .runtime.model_state import StateGuard
+from .core.provider import CandidateProvider, Evaluation
+from .core.redact import redact
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
-from .core.redact import redact
+from .proof.speed import DEFAULT_MARGIN
 from .proof.worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
-from .core.provider import CandidateProvider, Evaluation
+from .runtime.capture import ModuleCall, capture
+from .runtime.dispatch import dispatcher_of, uninstall
+from .runtime.model_state import StateGuard
+from .store import cache as cache_store
 from .synth.models import ModelSpec
-from .candidates.providers import build_providers
 from .synth.settings import SynthSettings
 
 log = logging.getLogger(__name__)
@@ -184,3 +188,22 @@ def training_note(names: list[str]) -> str:
     return (f"{len(names)} module(s) were in training mode ({shown}); they were captured and proven in eval "
             "mode, their training flags were put back, and their kernels run only once they are in eval mode "
             "(model.eval())")
+
+
+def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
+    """Add a read-only kernel cache (a directory or a bundle, e.g. one shipped with an app).
+
+    With `sha256` (the bundle's lock), a bundle whose manifest differs is refused, and the verdicts
+    of one that matches count as proof: its kernels run here without being proven again. Without
+    it, the cache's verdicts are claims: each kernel is proven on this device before its first use
+    (and then remembered, sealed, in the user cache). Only paths the user names are ever loaded:
+    CPU and CUDA kernels are native code. Returns the directory used. When `import metal_accel`
+    auto-instrumentation is on, the classes the new cache names are patched too.
+    """
+    p = cache_store.load_cache(path, sha256)
+    if hook.is_active():
+        try:
+            hook.activate()
+        except Exception as exc:  # the cache is loaded; only the auto-instrumentation could not follow
+            log.warning("metal_accel: could not extend auto-instrumentation to %s: %s", p, exc)
+    return p

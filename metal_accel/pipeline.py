@@ -7,24 +7,31 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from .store import cache as cache_mod
-from .core import config
 from .backends.base import Backend, Environment
-from .store.cache import CacheEntry, Verdict
+from .candidates.compile import (
+    CompiledOp,
+    builtin_kinds,
+    candidate_op,
+    compile_candidate,
+    generated_code,
+    prove_candidate,
+    supports_compile,
+)
+from .core import config
 from .core.candidate import Candidate, parse_candidate
-from .runtime.capture import ModuleCall
-from .runtime.dispatch import install
 from .core.errors import MetalAccelError
 from .core.keys import class_path, class_source_sha, entry_key, module_fingerprint
-from .runtime.ops import KernelOp
-from .candidates.compile import (CompiledOp, builtin_kinds, candidate_op, compile_candidate, generated_code,
-    prove_candidate, supports_compile)
-from .candidates.graph import GraphedOp
-from .proof.prove import ProofSettings
-from .core.redact import redact
-from .report import COVERED, ModuleReport
-from .core.specs import UnsupportedCall
 from .core.provider import Evaluation, InteractiveProvider, Provider, SynthesisRequest
+from .core.redact import redact
+from .core.specs import UnsupportedCall
+from .proof.prove import ProofSettings
+from .report import COVERED, ModuleReport
+from .runtime.capture import ModuleCall
+from .runtime.dispatch import install
+from .runtime.graph import GraphedOp
+from .runtime.ops import KernelOp
+from .store import cache as cache_mod
+from .store.cache import CacheEntry, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -185,7 +185,8 @@ def test_composite_beyond_llm_limit_stays_eager_without_compile(monkeypatch):
 
 def test_cuda_graph_candidate_only_on_cuda_and_checked_from_the_cache():
     from metal_accel.backends import get_backend
-    from metal_accel.candidates.compile import builtin_kinds, check_builtin, compile_candidate
+    from metal_accel.candidates.compile import builtin_kinds, compile_candidate
+    from metal_accel.core.candidate import check_builtin
     from metal_accel.core.candidate import Candidate
     from metal_accel.core.errors import CacheError
 

@@ -495,7 +495,7 @@ class _HostBound(torch.nn.Module):
 @pytest.mark.cuda
 def test_gpu_cuda_graph_candidate_wins_host_bound_module_and_keeps_outputs(monkeypatch):
     import metal_accel
-    from metal_accel.candidates.graph import GraphedOp
+    from metal_accel.runtime.graph import GraphedOp
     from metal_accel.runtime.dispatch import dispatcher_of, eager_only
 
     monkeypatch.setenv("METAL_ACCEL_COMPILE", "1")
@@ -548,7 +548,7 @@ def test_gpu_kernel_is_timed_as_a_graph_too_and_the_faster_launch_is_reinstalled
     import metal_accel
     from metal_accel.store import cache as cache_mod
     from metal_accel.backends import get_backend
-    from metal_accel.candidates.graph import GraphedOp
+    from metal_accel.runtime.graph import GraphedOp
     from metal_accel.runtime.dispatch import dispatcher_of, eager_only
 
     d = tmp_path / "c" / "cuda" / "_HostBound"

@@ -6,16 +6,16 @@ import logging
 import torch
 from torch import nn
 
-from ..store import cache as cache_mod
 from ..backends import backend_for_device
 from ..candidates.compile import candidate_op, prove_candidate
-from ..runtime.capture import ModuleCall
 from ..core.errors import MetalAccelError
 from ..core.keys import class_path, entry_key, module_fingerprint
+from ..core.specs import InputSpec, UnsupportedCall
+from ..proof.prove import ProofSettings
+from ..runtime.capture import ModuleCall
 from ..runtime.model_state import StateGuard
 from ..runtime.ops import KernelOp
-from ..proof.prove import ProofSettings
-from ..core.specs import InputSpec, UnsupportedCall
+from ..store import cache as cache_mod
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
-import json
 import importlib.machinery
+import json
 import logging
 import os
 import sys
@@ -30,12 +30,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..backends import available_backends, get_backend
+from ..core.keys import class_source_sha
+from ..core.specs import UnsupportedCall
 from ..runtime import dispatch
-from ..store.cache import sealed_verdict
-from ..store.index import read_index
 from ..runtime.dispatch import ORIGINAL_FORWARDS, Dispatcher
 from ..runtime.ops import KernelOp, _is_compiling
-
+from ..store.cache import all_caches, read_index, sealed_verdict
+from .autoload import kernel_for_call
 
 log = logging.getLogger(__name__)
 _AUTO_ATTR = "_metal_accel_auto"
@@ -78,8 +80,6 @@ def build_plans() -> dict[str, ClassPlan]:
     holding a key decides it (lookup order: the user's verdicts come before a bundle's claims), so a
     rejected entry patches nothing.
     """
-    from ..backends import available_backends
-    from ..store.cache import all_caches
     envs = _environment_ids(available_backends())  # kernels for a device this machine lacks patch nothing
     first_use = revalidate_policy() == "first-use"
     plans: dict[str, ClassPlan] = {}
@@ -106,7 +106,6 @@ def build_plans() -> dict[str, ClassPlan]:
 
 def _environment_ids(backends: list[str]) -> dict[str, str]:
     """Backend name -> this machine's environment id, for every backend it has."""
-    from ..backends import get_backend
     ids = {}
     for name in backends:
         try:
@@ -191,8 +190,6 @@ def _patch_module(module_name: str) -> None:
 
 def patch_class(cls: type, plan: ClassPlan) -> bool:
     """Replace cls.forward with the auto-dispatching forward; False if the source has changed."""
-    from ..core.keys import class_source_sha
-    from ..core.specs import UnsupportedCall
     if cls in _patched or "forward" not in vars(cls):
         return False
     try:
@@ -249,7 +246,6 @@ def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatc
 def _resolve(module: nn.Module, args: tuple, kwargs: dict) -> KernelOp | None:
     """The kernel for this call from the caches, proven here if needed; None means eager. Never raises."""
     try:
-        from .autoload import kernel_for_call
         return kernel_for_call(module, args, kwargs, prove_here=revalidate_policy() == "first-use")
     except Exception as exc:  # auto mode must never break the user's model
         log.warning("metal_accel: %s: no kernel, running eager (%s: %s)", type(module).__name__,

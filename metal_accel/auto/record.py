@@ -20,13 +20,15 @@ import torch
 from filelock import FileLock
 from torch import nn
 
+from ..api import explain, optimize
 from ..core import config
-from ..store.index import atomic_write
-from ..runtime.capture import llm_limit, replaceability
-from ..runtime.dispatch import dispatcher_of
-from .hook import _AUTO_ATTR
 from ..core.keys import class_path, module_fingerprint
 from ..core.specs import InputSpec, UnsupportedCall, call_signature
+from ..proof.testdata import make_inputs
+from ..runtime.capture import llm_limit, replaceability
+from ..runtime.dispatch import dispatcher_of
+from ..store.index import atomic_write
+from .hook import _AUTO_ATTR
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 30.0
@@ -182,8 +184,6 @@ def synthesize_recorded(providers: list[Any], *, top: int = 10, backend: str | N
     The kernels that win land in the user cache, where `import metal_accel` finds them on the next
     run. Returns (recording, report or the reason it was skipped) pairs.
     """
-    from ..api import explain, optimize
-    from ..proof.testdata import make_inputs
 
     out: list[tuple[RecordedCall, Any]] = []
     for rec in recorded_calls()[:top]:

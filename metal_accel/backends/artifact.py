@@ -17,10 +17,17 @@ from typing import Callable
 
 import filelock
 
-from ..sandbox.binary_allow import Policy
-from ..sandbox.binary_check import (DEFAULT_BASELINE, Baseline, BinaryCheckError, Verdict, check_shared_object,
-    measure_baseline, sha256_of)
 from ..core.errors import CompileError
+from ..sandbox.binary_allow import Policy
+from ..sandbox.binary_check import (
+    DEFAULT_BASELINE,
+    Baseline,
+    BinaryCheckError,
+    Verdict,
+    check_shared_object,
+    measure_baseline,
+    sha256_of,
+)
 from .native_build import compile_shared
 
 LOCK_TIMEOUT_S = 600

@@ -14,25 +14,35 @@ from typing import Any, Callable
 import torch
 
 from ..backends.base import Backend
+from ..core.candidate import BUILTIN_CODES, Candidate
+from ..core.provider import Evaluation
+from ..core.specs import InputSpec, OutputSpec
+from ..core.verdict import Verdict
+from ..proof.prove import (
+    ProofSettings,
+    backend_timer,
+    float64_reference,
+    kernels_only,
+    prove,
+    streamed_proof,
+    timing_inputs,
+)
 from ..proof.speed import compare_speed
-from .graph import GRAPH_CODE, GraphedOp
-from ..store.cache import Verdict
-from ..core.candidate import Candidate
+from ..proof.validate import Trial, run_trial, spot_check, trial_plan
 from ..runtime.capture import ModuleCall
-from ..runtime.dispatch import Dispatcher, eager_forward, eager_only, enter_eager, exit_eager
-from ..core.errors import CacheError
+from ..runtime.dispatch import (
+    Dispatcher,
+    eager_forward,
+    eager_only,
+    enter_eager,
+    exit_eager,
+)
+from ..runtime.graph import GraphedOp
 from ..runtime.native_policy import op_variant, runtime_library
 from ..runtime.ops import KernelOp, kernel_op
-from ..proof.prove import (ProofSettings, backend_timer, float64_reference, kernels_only, prove, streamed_proof,
-    timing_inputs)
 from ..sandbox.host import load_forward
-from ..core.specs import InputSpec, OutputSpec
-from ..core.provider import Evaluation
-from ..proof.validate import Trial, run_trial, spot_check, trial_plan
 
 log = logging.getLogger(__name__)
-COMPILE_CODE = "torch.compile(forward, fullgraph=True, dynamic=False)"  # the candidate's identity (and meaning)
-BUILTIN_CODES = {"inductor": COMPILE_CODE, "cuda-graph": GRAPH_CODE}
 _ORIGINS = {"inductor": "builtin:torch.compile", "cuda-graph": "builtin:cuda-graph"}
 _NO_INDUCTOR = {"mps-emu"}  # emulated devices: compiling the CPU graph would say nothing about them
 
@@ -50,12 +60,6 @@ def supports_compile(backend: Backend, kind: str = "inductor") -> bool:
 def builtin_kinds(backend: Backend) -> list[str]:
     """The built-in candidates this backend can run, torch.compile first."""
     return [k for k in BUILTIN_CODES if supports_compile(backend, k)]
-
-
-def check_builtin(cand: Candidate) -> None:
-    """A cached built-in candidate must be exactly one we define (it carries no code)."""
-    if BUILTIN_CODES.get(cand.kind) != cand.code or cand.source:
-        raise CacheError("malformed built-in candidate")
 
 
 def _own_frame(forward: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..core.provider import ProposedText, SynthesisRequest
-from ..synth.models import is_model_spec
 
 _SUFFIXES = (".py", ".md", ".txt")
 
@@ -38,13 +36,3 @@ class DirectoryProvider:
         return [ProposedText(p.read_text(), f"dir:{p}") for p in self.files_for(request.class_name, request.backend)]
 
 
-def provider_from_spec(spec: str) -> Any:
-    """Build a provider from a string: "dir:PATH", or one LLM ("openai:<model>", "anthropic:<model>",
-    "openai-compatible:<base_url>#<model>"; see synth/models.py)."""
-    kind, _, arg = spec.partition(":")
-    if kind == "dir" and arg:
-        return DirectoryProvider(arg)
-    if is_model_spec(spec):
-        from ..synth.loop import SynthesisLoop
-        return SynthesisLoop([spec])
-    raise ValueError(f"unknown provider {spec!r}; expected 'dir:PATH' or a model name such as 'openai:<model>'")

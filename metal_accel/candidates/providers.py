@@ -4,12 +4,23 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Sequence
 
-from .directory import provider_from_spec
 from ..synth.loop import SynthesisLoop
 from ..synth.models import ModelSpec, ProviderConfigError, is_model_spec
 from ..synth.settings import SynthSettings
+from .directory import DirectoryProvider
 
 log = logging.getLogger(__name__)
+
+
+def provider_from_spec(spec: str) -> Any:
+    """Build a provider from a string: "dir:PATH", or one LLM ("openai:<model>", "anthropic:<model>",
+    "openai-compatible:<base_url>#<model>"; see synth/models.py)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "dir" and arg:
+        return DirectoryProvider(arg)
+    if is_model_spec(spec):
+        return SynthesisLoop([spec])
+    raise ValueError(f"unknown provider {spec!r}; expected 'dir:PATH' or a model name such as 'openai:<model>'")
 
 
 def build_providers(providers: Iterable[Any] | None = None, *, synthesize: bool | None = None,

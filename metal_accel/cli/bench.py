@@ -38,10 +38,10 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..kernelbench.runner import run_suite
-    from ..kernelbench.report import markdown, write_outputs
-
     from pathlib import Path
+
+    from ..kernelbench.report import markdown, write_outputs
+    from ..kernelbench.runner import run_suite
 
     partial = Path(args.out) / "suite.partial.jsonl"
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ import tempfile
 from pathlib import Path
 
 from ..store import cache as cache_mod
-from ..store.bundle import export_bundle, unpack, verify_bundle
+from ..store.bundle import export_bundle, verify_bundle
+from ..store.cache import read_entry
+from ..store.manifest import unpack
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -30,7 +32,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..store.cache import read_entry
     user = cache_mod.user_cache()
     with tempfile.TemporaryDirectory() as tmp:
         root = unpack(args.bundle, Path(tmp))

@@ -11,12 +11,15 @@ from typing import Sequence
 
 import torch
 
-from .. import __version__
-from ..store import cache as cache_mod
-from . import bench as cli_bench, bundle as cli_bundle, synth as cli_synth
-from ..core import config
 from ..backends import available_backends, get_backend, known_backends
+from ..backends.cpu.backend import find_compiler
+from ..core import config
 from ..core.errors import MetalAccelError
+from ..core.version import VERSION as __version__
+from ..store import cache as cache_mod
+from . import bench as cli_bench
+from . import bundle as cli_bundle
+from . import synth as cli_synth
 
 # Environment variables the LLM providers read; only their presence is ever reported.
 PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
@@ -33,7 +36,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             env = be.environment()
             extra = ""
             if name == "cpu":
-                from ..backends.cpu.backend import find_compiler
                 extra = f", compiler {find_compiler()}"
             print(f"backend {name:8s} available: {env.device_name} ({env.os}, torch {env.torch}{extra})")
         else:

@@ -7,7 +7,14 @@ import logging
 import sys
 from typing import Any
 
+from ..api import explain, optimize, restore
+from ..auto.record import recorded_calls, synthesize_recorded
+from ..backends import available_backends, get_backend
 from ..core.errors import MetalAccelError
+from ..kernelbench.problems import load_problems
+from ..synth.budget import Limits
+from ..synth.loop import SynthesisLoop
+from ..synth.settings import SynthSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +49,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from ..synth.budget import Limits
-    from ..synth.settings import SynthSettings
 
     s = SynthSettings.from_env()
     changes: dict[str, Any] = {}
@@ -63,10 +68,6 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    import metal_accel
-    from ..backends import available_backends, get_backend
-    from ..kernelbench.problems import load_problems
-    from ..synth.loop import SynthesisLoop
 
     loop = SynthesisLoop(args.models, _settings(args))
     problem = loop.configuration_error
@@ -94,8 +95,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
             print(f"# {pr.name}: {exc}", file=sys.stderr)
             continue
         done = len(loop.records)
-        metal_accel.optimize(model, inputs, backend=backend.name, providers=[loop])
-        report = metal_accel.explain(model)
+        optimize(model, inputs, backend=backend.name, providers=[loop])
+        report = explain(model)
         kernels += len(report.kernels)
         records = loop.records[done:]
         if args.json:
@@ -107,7 +108,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             for r in records:
                 print("  synth " + r.summary())
             print()
-        metal_accel.restore(model)
+        restore(model)
     meter = loop.run_meter
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {meter.requests} requests, "
           f"{meter.tokens} tokens, ${meter.cost_usd:.4f}, {meter.elapsed_s:.0f} s", file=sys.stderr if args.json else sys.stdout)
@@ -116,7 +117,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def _synth_recorded(args: argparse.Namespace, loop: Any) -> int:
     """Synthesize the hottest calls that ran eager during a METAL_ACCEL_RECORD=1 run."""
-    from ..auto.record import recorded_calls, synthesize_recorded
 
     if not recorded_calls():
         print("metal-accel synth: nothing recorded yet; run your program once with METAL_ACCEL_RECORD=1",

@@ -6,7 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from .errors import CandidateFormatError
+from .errors import CacheError, CandidateFormatError
 
 KINDS = ("kernel", "inductor", "cuda-graph")
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -98,3 +98,17 @@ def parse_candidate(text: str, backend: str, origin: str = "") -> Candidate:
     if not has_forward:
         raise CandidateFormatError("no top-level `def forward(module, ...)`")
     return Candidate(code=code, source=source, backend=backend, origin=origin)
+
+
+# Built-in candidates carry no code of their own: their code is one of these identities (and meanings).
+COMPILE_CODE = "torch.compile(forward, fullgraph=True, dynamic=False)"  # the candidate's identity (and meaning)
+
+
+GRAPH_CODE = "torch.cuda.graph(torch.compile(forward, fullgraph=True, dynamic=False))"
+BUILTIN_CODES = {"inductor": COMPILE_CODE, "cuda-graph": GRAPH_CODE}
+
+
+def check_builtin(cand: Candidate) -> None:
+    """A cached built-in candidate must be exactly one we define (it carries no code)."""
+    if BUILTIN_CODES.get(cand.kind) != cand.code or cand.source:
+        raise CacheError("malformed built-in candidate")

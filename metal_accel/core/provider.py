@@ -11,8 +11,8 @@ from .specs import InputSpec, OutputSpec
 
 if TYPE_CHECKING:
     from ..proof.speed import BenchResult
-    from ..store.cache import Verdict
     from ..runtime.ops import KernelOp
+    from ..store.cache import Verdict
 
 
 @dataclass

@@ -22,11 +22,17 @@ from typing import Any
 
 import torch
 
+from ..api import explain, optimize
+from ..backends import get_backend
 from ..backends.timing import TimingRejected, time_call
+from ..candidates.directory import DirectoryProvider
+from ..core.provider import ProposedText, SynthesisRequest
+from ..proof.prove import backend_timer, float64_reference
+from ..proof.speed import cache_flusher
+from ..proof.validate import Mismatch, spot_check
+from ..runtime.dispatch import eager_forward, eager_only
 from .problems import Problem
 from .result import Row
-from ..core.provider import ProposedText, SynthesisRequest
-from ..candidates.directory import DirectoryProvider
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +199,6 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
                 flush: bool = False, with_compile: bool = True, dram_bw: float | None = None,
                 seed: int = 0, timeout_s: float = 120.0, compile_candidate: bool = False) -> Row:
     """One problem: optimize with the candidates, then eager / compile / optimized side by side."""
-    import metal_accel
-    from ..backends import get_backend
-    from ..runtime.dispatch import eager_forward, eager_only
-    from ..proof.prove import backend_timer, float64_reference
-    from ..proof.validate import Mismatch, spot_check
-
     row = Row(problem_key(problem), problem.level, problem.problem_id, problem.name)
     t_start = time.perf_counter()
     be = get_backend(backend)
@@ -238,7 +238,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     saved = os.environ.get("METAL_ACCEL_COMPILE")
     os.environ["METAL_ACCEL_COMPILE"] = "1" if compile_candidate else "0"  # torch.compile as a candidate, or not
     try:
-        metal_accel.optimize(model, inputs, backend=backend, providers=provs, bench_budget_s=bench_budget_s,
+        optimize(model, inputs, backend=backend, providers=provs, bench_budget_s=bench_budget_s,
                              progress=False, timeout_s=timeout_s)
     finally:
         if saved is None:
@@ -246,7 +246,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         else:
             os.environ["METAL_ACCEL_COMPILE"] = saved
     step.done("the pipeline (capture, proofs, speed gates)")
-    report = metal_accel.explain(model)
+    report = explain(model)
     root = next((m for m in report.modules if m.name == type(model).__name__), None)
     if root is not None:
         row.status, row.reason, row.rejected = root.status, root.reason, list(root.rejected)
@@ -273,7 +273,6 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         fns["compile"] = compiled
     timer = backend_timer(be)
     if flush:  # evict L2 before every timed call (cold-cache timing)
-        from ..proof.speed import cache_flusher
         flusher, base = cache_flusher(device), timer or time_call
         timer = lambda fn, a, k, s: (flusher(), base(fn, a, k, s))[1]  # noqa: E731
     with torch.inference_mode():
@@ -331,7 +330,6 @@ def _candidate_correct(row: Row) -> bool | None:
 def _mismatch_reason(model: Any, inputs: tuple, expect: Any, report: Any, exc: Exception) -> str:
     """Why the optimized model's output differs from eager: eager's own irreproducibility, or which modules
     run something other than eager (each proven alone; an ill-conditioned composite can still drift)."""
-    from ..runtime.dispatch import eager_only
     with torch.inference_mode(), eager_only():
         again = model(*inputs)
     firsts = expect if isinstance(expect, (tuple, list)) else (expect,)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .result import SuiteResult
 
+
 def _fmt(v: float | None, spec: str) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 

@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 
-from .problems import Problem, load_problems
-from .problem import ProblemProvider, fit_batch, problem_key, run_problem, side_by_side
-from .result import ATTEMPT_SPEEDUP, Row, SuiteResult
+from ..backends import get_backend
+from ..backends.cuda.backend import describe
 from ..candidates.directory import DirectoryProvider
+from .problem import ProblemProvider, fit_batch, problem_key, run_problem, side_by_side
+from .problems import Problem, load_problems
+from .result import ATTEMPT_SPEEDUP, Row, SuiteResult
 
 __all__ = ["ATTEMPT_SPEEDUP", "ProblemProvider", "Row", "SuiteResult", "fit_batch", "measure_dram_bandwidth",
            "problem_key", "run_problem", "run_suite", "select", "side_by_side", "warm_compile"]
@@ -98,7 +100,6 @@ def run_suite(source: str | Path, providers: Sequence[str], *, backend: str = "c
               compile_candidate: bool = False,
               on_row: Callable[[Row], None] | None = None) -> SuiteResult:
     from tqdm.auto import tqdm
-    from ..backends import get_backend
     problems = select(load_problems(source, levels=levels or None), patterns)
     dirs = [p.partition(":")[2] if p.startswith("dir:") else p for p in providers]
     if attempted_only:
@@ -108,7 +109,6 @@ def run_suite(source: str | Path, providers: Sequence[str], *, backend: str = "c
     env: dict[str, Any] = {"backend": backend, **be.environment().to_dict()}
     dram = None
     if backend == "cuda":
-        from ..backends.cuda.backend import describe
         env.update(describe())
         dram = measure_dram_bandwidth()
     if with_compile and compile_jobs > 0:

@@ -13,23 +13,36 @@ import torch
 from torch.func import functional_call
 
 from ..backends.base import Backend
-from .speed import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
-from ..store.cache import Verdict
 from ..core.candidate import Candidate
+from ..core.errors import MetalAccelError
+from ..core.provider import Evaluation
+from ..core.specs import InputSpec, call_signature
+from ..core.verdict import Verdict
 from ..runtime.capture import ModuleCall
 from ..runtime.dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
-from ..core.errors import MetalAccelError
+from ..runtime.graph import GraphedOp
 from ..runtime.native_policy import op_variant, runtime_library
 from ..runtime.ops import kernel_op
 from ..sandbox.host import check_host_code, load_forward
-from ..core.specs import InputSpec, call_signature
-from .soak import soak
 from ..sandbox.kernel_source import check_kernel_source
-from ..core.provider import Evaluation
-from .testdata import make_inputs, sweep_specs
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
-from .validate import (Judge, RunTrials, Trial, TrialPlan, ValidationResult, run_and_judge, spot_check,
-    tensors_of, spec_bytes, trial_batches, trial_plan)
+from .soak import soak
+from .speed import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
+from .testdata import make_inputs, sweep_specs
+from .validate import (
+    Judge,
+    RunTrials,
+    Trial,
+    TrialPlan,
+    ValidationResult,
+    run_and_judge,
+    run_trial,
+    spec_bytes,
+    spot_check,
+    tensors_of,
+    trial_batches,
+    trial_plan,
+)
 from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
 
 log = logging.getLogger(__name__)
@@ -132,7 +145,6 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
                 return f"{stage}: {reply['error']}"
             timings["compile_s"] = timings.get("compile_s", 0.0) + float(reply.get("compile_s", 0.0))
             return reply["results"]
-        from .validate import run_trial
         try:
             lib = backend.compile(cand.source)
         except MetalAccelError as exc:
@@ -309,7 +321,6 @@ def graph_alternative(op: Any, module: torch.nn.Module, call: ModuleCall,
     """The proven kernel's op replayed as a CUDA graph, timed like the op itself: where the host's time
     per call exceeds the GPU's (Python, one launch per kernel), a replay is one launch. A capture or
     run failure only takes the alternative away; its reason is kept in the verdict's details."""
-    from ..candidates.graph import GraphedOp
     graphed = GraphedOp(op, module)
     try:
         with torch.inference_mode():

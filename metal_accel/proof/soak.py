@@ -17,10 +17,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..backends.base import Backend
-from .speed import compare_speed
 from ..core.candidate import Candidate
-from .compare import Mismatch
 from ..runtime.dispatch import eager_only
+from .compare import Mismatch
+from .speed import compare_speed
 from .validate import spot_check, tensors_of
 from .worker import WorkerFailure, output_digest, shared_worker
 

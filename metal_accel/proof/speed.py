@@ -8,7 +8,6 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-
 from ..backends.timing import Timer, TimingRejected, cache_flusher, time_call
 from ..core.verdict import BenchResult
 

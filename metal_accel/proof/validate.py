@@ -17,9 +17,16 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .compare import Mismatch, compare_output
 from ..core.specs import InputSpec
-from .testdata import DISTRIBUTIONS, EXTREMES, ROW_KINDS, SPECIAL, STRUCTURED, make_inputs
+from .compare import Mismatch, compare_output
+from .testdata import (
+    DISTRIBUTIONS,
+    EXTREMES,
+    ROW_KINDS,
+    SPECIAL,
+    STRUCTURED,
+    make_inputs,
+)
 from .trial_buffers import input_copies, input_violation, next_fill, proof_call
 
 log = logging.getLogger(__name__)

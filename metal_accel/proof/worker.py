@@ -33,9 +33,8 @@ from typing import Any, BinaryIO
 import torch
 
 from ..core import config
-from ..sandbox import confine
-
 from ..core.redact import redact
+from ..sandbox import confine
 
 DEFAULT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 120.0  # importing torch on a busy machine; a worker not up by then is a failure

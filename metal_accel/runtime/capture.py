@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .dispatch import eager_only
 from ..core.specs import InputSpec, OutputSpec, UnsupportedCall, call_signature
+from .dispatch import eager_only
 
 MAX_COMPOSITE_MODULES = 16  # a composite with more descendants than this gets no LLM kernel (torch.compile only)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)

@@ -10,9 +10,8 @@ import torch
 from torch import nn
 
 from ..core.keys import class_source
-from .ops import KernelOp, ModuleLayout, _is_compiling
 from ..core.specs import UnsupportedCall, call_signature
-
+from .ops import KernelOp, ModuleLayout, _is_compiling
 
 log = logging.getLogger(__name__)
 _tracing_state = torch._C._get_tracing_state

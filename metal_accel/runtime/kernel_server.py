@@ -33,17 +33,26 @@ from typing import Any, Callable
 
 import torch
 
-from ..core import config
 from ..backends.base import Backend, BoundKernels
 from ..backends.cpu.backend import _bind
 from ..backends.cpu.signature import parse_extern_c
 from ..backends.mps_emu.backend import EmuKernel
 from ..backends.mps_emu.msl_signature import MslKernel, MslParam
-from ..core.redact import redact
+from ..core import config
 from ..core.errors import CompileError, MetalAccelError
+from ..core.redact import redact
 from ..sandbox import confine
-from .kernel_protocol import (HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, call_frame, cpu_call_format,
-    emu_call_format)
+from .kernel_protocol import (
+    HEAD,
+    KERNEL_ERROR,
+    OK,
+    OP_ARENA,
+    OP_CALL,
+    OP_LOAD,
+    call_frame,
+    cpu_call_format,
+    emu_call_format,
+)
 
 START_TIMEOUT_S = 120.0   # interpreter + torch import + confinement, on a busy machine
 LOAD_TIMEOUT_S = 120.0

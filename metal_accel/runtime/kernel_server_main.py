@@ -25,12 +25,22 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core import config
-from ..sandbox import confine
 from ..backends import available_backends, get_backend
+from ..core import config
 from ..proof.worker_main import prepare as prepare_backend
-from .kernel_protocol import (ERROR_BYTES, FAILED, HEAD, KERNEL_ERROR, OK, OP_ARENA, OP_CALL, OP_LOAD, cpu_call_format,
-    emu_call_format)
+from ..sandbox import confine
+from .kernel_protocol import (
+    ERROR_BYTES,
+    FAILED,
+    HEAD,
+    KERNEL_ERROR,
+    OK,
+    OP_ARENA,
+    OP_CALL,
+    OP_LOAD,
+    cpu_call_format,
+    emu_call_format,
+)
 
 
 def prepare() -> None:

@@ -32,8 +32,8 @@ import json
 import os
 from typing import Any
 
-from ..core import config
 from ..backends.base import Backend
+from ..core import config
 from .kernel_server import RemoteLibrary
 
 NATIVE_BACKENDS = frozenset({"cpu", "mps-emu"})  # kernels that are host machine code

@@ -28,8 +28,8 @@ all is decided elsewhere (the kernel server, native_policy).
 from __future__ import annotations
 
 import bisect
-import io
 import hashlib
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +41,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import SymbolTableSection
 
-from .binary_allow import FILE_CAPABLE, NEEDED, Policy
 from ..core.errors import CompileError
+from .binary_allow import FILE_CAPABLE, NEEDED, Policy
 
 MACHO_MAGIC = {b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe"}
 X86_FORBIDDEN = {

@@ -16,10 +16,16 @@ from typing import Any
 
 import torch
 
-from .host_check import check_host_code, parse_and_check, strip_annotations
-from .host_rules import (BUILTINS_ALLOWED, FORBIDDEN_NAMES, MATH_ALLOWED, TENSOR_ATTRS, TENSOR_METHODS,
-    TORCH_ALLOWED)
 from ..proof.trial_buffers import proof_allocation, proof_initialized
+from .host_check import check_host_code, parse_and_check, strip_annotations
+from .host_rules import (
+    BUILTINS_ALLOWED,
+    FORBIDDEN_NAMES,
+    MATH_ALLOWED,
+    TENSOR_ATTRS,
+    TENSOR_METHODS,
+    TORCH_ALLOWED,
+)
 
 __all__ = ["BUILTINS_ALLOWED", "FORBIDDEN_NAMES", "MATH_ALLOWED", "TENSOR_ATTRS", "TENSOR_METHODS",
            "TORCH_ALLOWED", "build_namespace", "check_host_code", "load_forward"]

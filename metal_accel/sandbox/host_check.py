@@ -11,8 +11,15 @@ import ast
 
 from ..core.errors import SandboxError
 from .host_inplace import Freshness, check_call, check_store
-from .host_rules import (BUILTINS_ALLOWED, FORBIDDEN_NAMES, GLOBAL_ROOTS, MATH_ALLOWED, TENSOR_ATTRS,
-    TENSOR_METHODS, TORCH_ALLOWED)
+from .host_rules import (
+    BUILTINS_ALLOWED,
+    FORBIDDEN_NAMES,
+    GLOBAL_ROOTS,
+    MATH_ALLOWED,
+    TENSOR_ATTRS,
+    TENSOR_METHODS,
+    TORCH_ALLOWED,
+)
 
 _STMT_NAMES: dict[type, str] = {
     ast.Import: "import", ast.ImportFrom: "from-import", ast.While: "while loop",

@@ -17,8 +17,6 @@ device before its first use, unless the app pinned the lock it got from a source
 from __future__ import annotations
 
 import fnmatch
-import functools
-import hashlib
 import json
 import shutil
 import tarfile
@@ -28,49 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .index import atomic_write, write_index
 from ..core.errors import CacheError
-
-MANIFEST = "manifest.json"
-LOCK = "bundle.lock"
-BUNDLE_FORMAT = "metal_accel-bundle"
-BUNDLE_VERSION = 1
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@functools.lru_cache(maxsize=32)
-def _manifest_cached(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
-    data = json.loads(Path(path).read_text())
-    if data.get("format") != BUNDLE_FORMAT or data.get("bundle_version") != BUNDLE_VERSION:
-        raise CacheError(f"{path}: not a metal_accel bundle of a known version "
-                         f"(format {data.get('format')!r}, version {data.get('bundle_version')!r})")
-    return data
-
-
-@functools.lru_cache(maxsize=32)
-def _sha256_cached(path: str, mtime_ns: int, size: int) -> str:
-    return sha256_file(Path(path))
-
-
-def manifest_sha256(root: Path) -> str | None:
-    """The sha256 of `root`'s manifest (what a pin names), or None when it has none."""
-    path = root / MANIFEST
-    if not path.is_file():
-        return None
-    st = path.stat()
-    return _sha256_cached(str(path), st.st_mtime_ns, st.st_size)
-
-
-def read_manifest(root: Path) -> dict[str, Any] | None:
-    """The bundle manifest at `root`, or None when `root` is a plain cache directory."""
-    path = root / MANIFEST
-    if not path.is_file():
-        return None
-    st = path.stat()
-    return _manifest_cached(str(path), st.st_mtime_ns, st.st_size)
+from ..core.version import VERSION
+from .cache import read_entry, write_index
+from .index import atomic_write
+from .manifest import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    LOCK,
+    MANIFEST,
+    manifest_sha256,
+    read_manifest,
+    sha256_file,
+)
 
 
 @dataclass
@@ -86,7 +54,6 @@ def export_bundle(dest: str | Path, caches: Iterable[Any], *, keys: Iterable[str
 
     `dest` ending in .tar.gz or .tgz gives an archive; anything else a directory.
     """
-    from .. import __version__
     keys, classes, backends = list(keys), list(classes), list(backends)
     dest = Path(dest)
     archive = dest.name.endswith((".tar.gz", ".tgz"))
@@ -120,7 +87,7 @@ def export_bundle(dest: str | Path, caches: Iterable[Any], *, keys: Iterable[str
                                                       "speedup": v.speedup} for k, v in entry.verdicts.items()}})
     write_index(root)
     files["index.json"] = sha256_file(root / "index.json")
-    manifest = {"format": BUNDLE_FORMAT, "bundle_version": BUNDLE_VERSION, "metal_accel_version": __version__,
+    manifest = {"format": BUNDLE_FORMAT, "bundle_version": BUNDLE_VERSION, "metal_accel_version": VERSION,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "entries": sorted(records, key=lambda r: r["key"]), "files": files}
     atomic_write(root / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
@@ -133,28 +100,6 @@ def export_bundle(dest: str | Path, caches: Iterable[Any], *, keys: Iterable[str
         shutil.rmtree(root.parent)
         return BundleInfo(dest, len(chosen), lock)
     return BundleInfo(root, len(chosen), lock)
-
-
-def unpack(path: str | Path, into: Path) -> Path:
-    """A bundle directory for `path`: itself, or the archive safely extracted under `into`."""
-    path = Path(path)
-    if path.is_dir():
-        return path
-    if not path.name.endswith((".tar.gz", ".tgz")) or not path.is_file():
-        raise CacheError(f"{path} is neither a bundle directory nor a .tar.gz bundle")
-    digest = sha256_file(path)[:16]
-    out = into / digest
-    if not (out / "bundle" / MANIFEST).is_file():
-        tmp = Path(tempfile.mkdtemp(dir=into.parent if into.parent.exists() else None))
-        with tarfile.open(path, "r:gz") as tar:
-            tar.extractall(tmp, filter="data")  # refuses absolute paths, links out, devices
-        if not (tmp / "bundle" / MANIFEST).is_file():
-            shutil.rmtree(tmp)
-            raise CacheError(f"{path} has no bundle/{MANIFEST}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out / "bundle"
 
 
 @dataclass
@@ -188,7 +133,6 @@ class VerifyReport:
 def verify_bundle(root: Path, pin: str | None = None) -> VerifyReport:
     """Check every file's hash, every entry's format, sandbox and source checks; list what fails.
     With PIN (a lock from a trusted source), also whether the manifest is that one."""
-    from .cache import read_entry
     report = VerifyReport(root)
     if pin is not None:
         report.pinned = manifest_sha256(root) == pin.strip()

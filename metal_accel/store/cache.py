@@ -18,17 +18,32 @@ from typing import Any, Iterator
 
 from filelock import FileLock
 
-from . import attest
 from ..core import config
-from ..core.verdict import Environment, Verdict
-from ..core.candidate import Candidate
+from ..core.candidate import Candidate, check_builtin
 from ..core.errors import CacheError, MetalAccelError
-from ..sandbox.host_check import check_host_code
-from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND, check_kernel_source
-from .clear import OWNED_DIRS, Cleared, clear_dir
-from .index import atomic_write, update_index
 from ..core.redact import redact
 from ..core.specs import InputSpec, OutputSpec
+from ..core.verdict import Environment, Verdict
+from ..sandbox.host_check import check_host_code
+from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND, check_kernel_source
+from . import attest
+from .clear import OWNED_DIRS, Cleared, clear_dir
+from .index import (
+    INDEX_NAME,
+    INDEX_VERSION,
+    atomic_write,
+    index_record,
+    read_index_file,
+    update_index,
+)
+from .manifest import (
+    LOCK,
+    MANIFEST,
+    manifest_sha256,
+    read_manifest,
+    sha256_file,
+    unpack,
+)
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -132,7 +147,6 @@ class CacheEntry:
             if c.get("digest") and c["digest"] != cand.digest:
                 raise CacheError("candidate digest does not match its code")
             if cand.is_builtin:
-                from ..candidates.compile import check_builtin
                 check_builtin(cand)
             else:  # cached code is untrusted data: check it on every load
                 check_host_code(cand.code)
@@ -182,7 +196,6 @@ class CacheDir:
 
     def _trusted(self, path: Path) -> bool:
         """In a bundle, only files whose sha256 the manifest lists may be read (and, pinned, only that manifest)."""
-        from .bundle import manifest_sha256, read_manifest, sha256_file
         try:
             manifest = read_manifest(self.root)
             if self.pin is not None and manifest_sha256(self.root) != self.pin:
@@ -279,7 +292,6 @@ def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
     (and then remembered, sealed, in the user cache). Only paths the user names are ever loaded:
     CPU and CUDA kernels are native code. Returns the directory used.
     """
-    from .bundle import LOCK, MANIFEST, read_manifest, sha256_file, unpack
     p = unpack(path, config.user_cache_dir() / "bundles")
     if not p.is_dir():
         raise CacheError(f"no cache directory at {p}")
@@ -295,12 +307,6 @@ def load_cache(path: str | os.PathLike, sha256: str | None = None) -> Path:
     pin = sha256.strip() if sha256 is not None else None
     if p not in _loaded or (pin is not None and _loaded[p] != pin):
         _loaded[p] = pin if pin is not None else _loaded.get(p)
-        try:
-            from ..auto import hook
-            if hook.is_active():
-                hook.activate()  # patch the classes the new cache names
-        except Exception as exc:
-            log.warning("metal_accel: could not extend auto-instrumentation to %s: %s", p, exc)
     return p
 
 
@@ -327,3 +333,19 @@ def lookup(backend: str, key: str) -> CacheEntry | None:
         if entry is not None:
             return entry
     return None
+
+
+def read_index(root: Path) -> dict[str, dict[str, Any]]:
+    """key -> record for every entry of the cache at `root`, from its index or by scanning."""
+    data = read_index_file(root / INDEX_NAME)
+    if data is not None:
+        return {k: v for k, v in data["entries"].items() if (root / v["backend"] / f"{k}.json").is_file()}
+    return {e.key: index_record(e) for e in CacheDir(root, writable=False, name="scan").entries()}
+
+
+def write_index(root: Path) -> int:
+    """Rebuild `<root>/index.json` from the entries on disk (for bundles and the shipped cache)."""
+    entries = list(CacheDir(root, writable=False, name="scan").entries())
+    data = {"format_version": INDEX_VERSION, "entries": {e.key: index_record(e) for e in entries}}
+    atomic_write(root / INDEX_NAME, json.dumps(data, indent=1, sort_keys=True))
+    return len(entries)

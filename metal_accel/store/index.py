@@ -48,13 +48,13 @@ def update_index(root: Path, entries: Iterable["CacheEntry"]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     path = root / INDEX_NAME
     with FileLock(str(path) + ".lock", timeout=60):
-        data = _read(path) or {"format_version": INDEX_VERSION, "entries": {}}
+        data = read_index_file(path) or {"format_version": INDEX_VERSION, "entries": {}}
         for e in entries:
             data["entries"][e.key] = index_record(e)
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_index_file(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -64,19 +64,3 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def read_index(root: Path) -> dict[str, dict[str, Any]]:
-    """key -> record for every entry of the cache at `root`, from its index or by scanning."""
-    data = _read(root / INDEX_NAME)
-    if data is not None:
-        return {k: v for k, v in data["entries"].items() if (root / v["backend"] / f"{k}.json").is_file()}
-    from .cache import CacheDir
-    return {e.key: index_record(e) for e in CacheDir(root, writable=False, name="scan").entries()}
-
-
-def write_index(root: Path) -> int:
-    """Rebuild `<root>/index.json` from the entries on disk (for bundles and the shipped cache)."""
-    from .cache import CacheDir
-    entries = list(CacheDir(root, writable=False, name="scan").entries())
-    data = {"format_version": INDEX_VERSION, "entries": {e.key: index_record(e) for e in entries}}
-    atomic_write(root / INDEX_NAME, json.dumps(data, indent=1, sort_keys=True))
-    return len(entries)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .cache import CacheEntry, Verdict
 from ..core.candidate import Candidate
 from ..core.errors import CacheError
 from ..core.keys import entry_key
-from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND
 from ..core.specs import InputSpec, OutputSpec, ScalarSpec, TensorSpec
+from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND
+from .cache import CacheEntry, Verdict
 
 EMULATED = {"mps-emu": ("mps", "mps")}  # emulated backend -> (real backend, its torch device type)
 

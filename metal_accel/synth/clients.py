@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.errors import MetalAccelError
-from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
 from ..core.scrub import register_secret, scrub_exception
+from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
 from .settings import SynthSettings
 
 log = logging.getLogger(__name__)

@@ -9,11 +9,11 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..store import cache as cache_mod
-from ..store.cache import CacheEntry
-from ..runtime.dispatch import eager_only
 from ..core.specs import InputSpec
 from ..proof.testdata import make_inputs
+from ..runtime.dispatch import eager_only
+from ..store import cache as cache_mod
+from ..store.cache import CacheEntry
 
 log = logging.getLogger(__name__)
 _MAX_REFERENCE_CHARS = 6000

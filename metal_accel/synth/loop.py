@@ -7,11 +7,12 @@ from typing import Sequence
 
 import torch
 
+from ..backends import get_backend
 from ..core.candidate import Candidate
 from ..core.errors import MetalAccelError
 from ..core.keys import entry_key
-from ..core.specs import TensorSpec
 from ..core.provider import Evaluate, Evaluation, SynthesisRequest
+from ..core.specs import TensorSpec
 from .bridge import run_with_evaluator
 from .budget import Budget, Meter
 from .clients import check_configured, make_client
@@ -123,7 +124,6 @@ class SynthesisLoop:
         """The prompt for one request, with profile and references as the settings ask."""
         device = _device(request)
         try:
-            from ..backends import get_backend
             device_name = get_backend(request.backend).environment().device_name
         except Exception:
             device_name = str(device)

@@ -17,13 +17,20 @@ from typing import Sequence
 
 from torch import nn
 
+from ..backends.cpu.backend import compile_flags
 from ..core import config
-from ..proof.speed import DEFAULT_MARGIN
 from ..core.keys import class_path, class_source, module_config
-from ..sandbox.host_rules import BUILTINS_ALLOWED, MATH_ALLOWED, TENSOR_ATTRS, TENSOR_METHODS, TORCH_ALLOWED
-from ..sandbox.kernel_source import HEADERS
-from ..core.specs import TensorSpec, UnsupportedCall
 from ..core.provider import Evaluation, SynthesisRequest
+from ..core.specs import TensorSpec, UnsupportedCall
+from ..proof.speed import DEFAULT_MARGIN
+from ..sandbox.host_rules import (
+    BUILTINS_ALLOWED,
+    MATH_ALLOWED,
+    TENSOR_ATTRS,
+    TENSOR_METHODS,
+    TORCH_ALLOWED,
+)
+from ..sandbox.kernel_source import HEADERS
 from .context import Reference
 
 GUIDES = Path(__file__).parent / "guides"
@@ -76,7 +83,6 @@ def language_guide(language: str) -> str:
 
 def cpp_guide_flags() -> list[str]:
     """The CPU backend's compiler flags as a kernel author needs them (no output or include options)."""
-    from ..backends.cpu.backend import compile_flags
     return [f for f in compile_flags() if f not in ("-shared", "-fPIC") and not f.startswith("-I")]
 
 

@@ -10,14 +10,14 @@ from tqdm.auto import tqdm
 
 from ..core.candidate import Candidate, parse_candidate
 from ..core.errors import CandidateFormatError
-from ..core.redact import redact
 from ..core.provider import Evaluation, SynthesisRequest
+from ..core.redact import redact
+from ..core.scrub import scrub
 from .bridge import AsyncEvaluate
 from .budget import Budget, cost_of
 from .clients import ChatClient, Message, RequestFailed
 from .models import ModelSpec, ProviderConfigError
 from .prompts import Best, Prompt, feedback_for, feedback_malformed
-from ..core.scrub import scrub
 from .settings import SynthSettings
 from .stats import Attempt, InFlight, ModuleRecord
 

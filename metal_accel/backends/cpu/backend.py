@@ -22,9 +22,21 @@ from ...sandbox.binary_allow import CPU as CPU_POLICY
 from ...sandbox.binary_check import Baseline
 from ...sandbox.kernel_source import HEADERS
 from ..artifact import baseline, check_and_place, ensure_artifact
+from ..base import (
+    BackendDefaults,
+    BoundKernels,
+    Environment,
+    os_description,
+    torch_major_minor,
+)
 from ..native_build import compile_shared
-from ..base import BackendDefaults, BoundKernels, Environment, os_description, torch_major_minor
-from .signature import POINTER_DTYPES, SCALAR_TYPES, CParam, parse_extern_c, scalar_converter
+from .signature import (
+    POINTER_DTYPES,
+    SCALAR_TYPES,
+    CParam,
+    parse_extern_c,
+    scalar_converter,
+)
 
 COMPILE_TIMEOUT_S = 120
 

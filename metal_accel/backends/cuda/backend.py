@@ -28,13 +28,36 @@ import filelock
 import torch
 
 from ...core import config
-from ..timing import TimingRejected
 from ...core.errors import BackendUnavailableError, CompileError, KernelLaunchError
-from ..base import BackendDefaults, BoundKernels, Environment, os_description, torch_major_minor
-from . import nvrtc as cuda_nvrtc
-from .nvrtc import (_bindings, _check, _header_digest, cache_key, check_device_state, nvrtc_available,
-    nvrtc_compile, nvrtc_options, nvrtc_version, supported_archs, target_for, toolkit_include_dirs)
-from .signature import ArgBinder, CudaParam, cooperative_dims, launch_dims, parse_cuda_kernels
+from ..base import (
+    BackendDefaults,
+    BoundKernels,
+    Environment,
+    os_description,
+    torch_major_minor,
+)
+from ..timing import TimingRejected
+from .nvrtc import (
+    _bindings,
+    _check,
+    _header_digest,
+    cache_key,
+    check_device_state,
+    nvrtc_available,
+    nvrtc_compile,
+    nvrtc_options,
+    nvrtc_version,
+    supported_archs,
+    target_for,
+    toolkit_include_dirs,
+)
+from .signature import (
+    ArgBinder,
+    CudaParam,
+    cooperative_dims,
+    launch_dims,
+    parse_cuda_kernels,
+)
 
 LOCK_TIMEOUT_S = 600
 DEFAULT_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in (cuFuncSetAttribute)

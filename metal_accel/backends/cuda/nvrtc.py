@@ -18,8 +18,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from ...core import config
-from ...sandbox.binary_check import BinaryCheckError
 from ...core.errors import CompileError, KernelLaunchError
+from ...sandbox.binary_check import BinaryCheckError
 
 MAX_DIAGNOSTICS = 4000
 BASE_OPTIONS = ("-std=c++17",)  # no --use_fast_math: approximate exp/tanh and flushed denormals change results
@@ -29,7 +29,10 @@ compile_count = 0  # NVRTC invocations in this process (tests read it)
 
 @functools.cache
 def _bindings() -> tuple[Any, Any]:
-    from cuda.bindings import driver, nvrtc  # cuda-python >= 12.6 (module path of cuda-bindings)
+    from cuda.bindings import (  # cuda-python >= 12.6 (module path of cuda-bindings)
+        driver,
+        nvrtc,
+    )
     return nvrtc, driver
 
 

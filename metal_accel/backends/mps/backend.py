@@ -39,12 +39,25 @@ from typing import Any
 
 import torch
 
-from ..timing import TimingRejected, time_call
 from ...core.errors import BackendUnavailableError, CompileError
 from ..base import BackendDefaults, Environment, os_description, torch_major_minor
-from .launch import (MAX_BUFFER_INDEX, MAX_SET_BYTES, ascii_source, kernel_names_in, launch_geometry,
-    pack_arguments, pack_scalar)
-from .library import EXT_MSL_VERSION, ExtensionLauncher, MpsKernel, MpsLibrary, ShaderLauncher
+from ..timing import TimingRejected, time_call
+from .launch import (
+    MAX_BUFFER_INDEX,
+    MAX_SET_BYTES,
+    ascii_source,
+    kernel_names_in,
+    launch_geometry,
+    pack_arguments,
+    pack_scalar,
+)
+from .library import (
+    EXT_MSL_VERSION,
+    ExtensionLauncher,
+    MpsKernel,
+    MpsLibrary,
+    ShaderLauncher,
+)
 
 __all__ = ["EXT_MSL_VERSION", "MAX_BUFFER_INDEX", "MAX_SET_BYTES", "ExtensionLauncher", "MpsBackend", "MpsKernel",
            "MpsLibrary", "ShaderLauncher", "ascii_source", "chip_name", "clear_memory_cache", "describe",

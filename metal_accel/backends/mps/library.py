@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from ...core.errors import CompileError, KernelLaunchError
-from .launch import MAX_BUFFER_INDEX, ascii_source, kernel_names_in, launch_geometry, pack_arguments
+from .launch import (
+    MAX_BUFFER_INDEX,
+    ascii_source,
+    kernel_names_in,
+    launch_geometry,
+    pack_arguments,
+)
 
 EXT_MSL_VERSION = "3.1"       # what metal_launcher.mm compiles with, on every macOS
 

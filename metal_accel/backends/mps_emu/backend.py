@@ -34,10 +34,16 @@ from ...core.errors import CompileError, KernelLaunchError
 from ...sandbox.binary_allow import MPS_EMU as MPS_EMU_POLICY
 from ...sandbox.binary_check import Baseline
 from ..artifact import baseline, check_and_place, discard, ensure_artifact
-from ..native_build import compile_shared, compiler_env, scrub_diagnostics
 from ..base import BackendDefaults, Environment, os_description, torch_major_minor
-from ..cpu.backend import _compiler_identity, artifact_path, cpu_name, find_compiler, openmp_flags
+from ..cpu.backend import (
+    _compiler_identity,
+    artifact_path,
+    cpu_name,
+    find_compiler,
+    openmp_flags,
+)
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
+from ..native_build import compile_shared, compiler_env, scrub_diagnostics
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
 
 COMPILE_TIMEOUT_S = 180

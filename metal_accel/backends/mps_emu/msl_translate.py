@@ -15,8 +15,14 @@ import re
 from ...core.errors import CompileError
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
-from .msl_signature import (POSITION_ATTRS, MslKernel, MslParam, kernel_params, launcher,
-    max_threads_per_threadgroup)
+from .msl_signature import (
+    POSITION_ATTRS,
+    MslKernel,
+    MslParam,
+    kernel_params,
+    launcher,
+    max_threads_per_threadgroup,
+)
 
 __all__ = ["HOST_CALLS", "POSITION_ATTRS", "SYNC_FUNCTIONS", "UNSUPPORTED_ATTRS", "UNSUPPORTED_IDS", "MslKernel",
            "MslParam", "launcher", "prepare_for_preprocessor", "translate"]

@@ -14,9 +14,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..runtime.ops import ModuleLayout
+from .ops import ModuleLayout
 
-GRAPH_CODE = "torch.cuda.graph(torch.compile(forward, fullgraph=True, dynamic=False))"
 WARMUP_CALLS = 2  # on a side stream before capture, as torch.cuda.graphs' documentation asks
 
 
