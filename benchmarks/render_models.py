@@ -1,0 +1,189 @@
+"""Markdown for the model zoo (benchmarks/models.py): `section()` the headline table, `details()` per run.
+
+Both take the runs' JSON documents (docs/results/models/*.json), oldest first; a later run's row replaces an
+earlier one for the same model, dtype and device. Ratios are eager's (or torch.compile's) median time over the
+contender's: above 1 is faster. "self-noise" is eager timed against itself in the same run.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+COMMANDS = """\
+Run it (needs `pip install -e '.[bench]'`: transformers, torchvision, timm; nothing is downloaded, every model is
+built from its config with random weights; each model runs in its own process with a fresh user cache):
+
+- CPU: `python benchmarks/models.py --device cpu` (CPU sizes: a few narrow layers)
+- CUDA: `python benchmarks/models.py --device cuda --dtype fp32,bf16,fp16 --out docs/results/models`
+  (GPU sizes: 1B-class widths, 4-8 layers, batch 4 x 512 tokens / 32-64 images)
+- Metal on a Mac: `python benchmarks/models.py --device mps --dtype fp32,fp16 --out docs/results/models`
+  (bf16 needs macOS 14 or newer; GPU sizes)
+- one model: `--models llama`; fewer rounds: `--rounds 6 --gen-rounds 2`
+"""
+
+
+def _device(result: dict) -> str:
+    """A short name for where a run was made: the GPU's name, 'MPS', or the CPU with its core count."""
+    machine = str(result.get("machine", ""))
+    dev = str(result.get("device", "cpu"))
+    if dev.startswith("cuda"):
+        return machine.split(";")[0].replace("NVIDIA ", "").strip() or "CUDA"
+    if dev.startswith("mps"):
+        return "MPS"
+    parts = [p.strip() for p in machine.split(",")]
+    cores = next((p for p in parts if p.endswith("cores")), "")
+    return "CPU" + (f" ({cores})" if cores else "")
+
+
+def _x(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, (int, float)) else "–"
+
+
+def _latest_rows(results: list[dict]) -> list[tuple[dict, dict]]:
+    rows: dict[tuple, tuple[dict, dict]] = {}
+    for res in results:
+        for row in res.get("rows", []):
+            rows[(row.get("model"), row.get("dtype"), _device(res))] = (res, row)
+    return list(rows.values())
+
+
+def _failed(row: dict, what: str) -> bool:
+    return what in row.get("errors", {})
+
+
+def _tokens(row: dict) -> str:
+    ident = row.get("generate", {}).get("tokens_identical")
+    if row.get("kind") != "lm":
+        return "–"
+    if not ident:
+        return "not run"
+    differ = [k for k, v in ident.items() if not v]
+    return "yes" if not differ else "no: " + ", ".join(differ)
+
+
+def _outputs_flag(row: dict, contender: str) -> str:
+    out = row.get("outputs", {}).get(contender)
+    return "" if out is None or out.get("ok") else " (outputs differ)"
+
+
+def section(results: list[dict]) -> str:
+    """One table: each model and dtype on each device, the newest run's figures."""
+    head = ["model", "dtype", "device", "optimize() vs eager", "vs torch.compile", "import alone vs eager",
+            "decode tok/s vs eager", "optimize() s", "tokens identical", "self-noise"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for res, row in _latest_rows(results):
+        fwd = row.get("forward", {})
+        sp = fwd.get("speedup_vs_eager", {})
+        if "run" in row.get("errors", {}):
+            opt = "run failed"
+        elif _failed(row, "optimize"):
+            opt = "optimize() failed"
+        else:
+            opt = _x(sp.get("optimize")) + _outputs_flag(row, "optimize")
+        gen = row.get("generate", {})
+        dec = gen.get("decode_vs_eager", {}).get("optimize") if gen else None
+        dec_s = "–" if row.get("kind") != "lm" else _x(dec)
+        if dec is not None and gen.get("decode_tok_s", {}).get("eager"):
+            dec_s += f" ({gen['decode_tok_s']['eager']:.0f} tok/s eager)"
+        secs = row.get("optimize_s")
+        secs_s = "–" if secs is None else f"{secs:.0f}"
+        if row.get("optimize_warm_s") is not None:
+            secs_s += f" (warm {row['optimize_warm_s']:.1f})"
+        noise = fwd.get("self_noise")
+        cells = [row.get("model", "?"), row.get("dtype", "?"), _device(res), opt, _x(fwd.get("optimize_vs_compile")),
+                 _x(sp.get("import")) + _outputs_flag(row, "import"), dec_s, secs_s, _tokens(row),
+                 "–" if noise is None else f"{noise * 100:.1f}%"]
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    notes = ("Forward latency of the whole model as it runs (blocks of back-to-back calls, one synchronization "
+             "each, contenders in balanced order, median over rounds); decode tokens/s from greedy generate() "
+             "(32 new tokens after a 32-token prompt). optimize() s: cold, with a fresh user cache (warm: again "
+             "on the cache it filled). self-noise: eager timed against itself in the same run; ratios within it "
+             "are a tie. Per model: [Model zoo, per model](#model-zoo-per-model).")
+    return "\n".join(lines) + "\n\n" + notes + "\n"
+
+
+def _ms(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "–"
+
+
+def _first_line(text: str, n: int = 240) -> str:
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line[:n] + ("..." if len(line) > n else "")
+
+
+def _run_details(res: dict) -> list[str]:
+    v = res.get("versions", {})
+    out = [f"- command: `{res.get('command', '?')}`", f"- machine: {res.get('machine', '?')}",
+           f"- date: {str(res.get('date', '?'))[:16].replace('T', ' ')}",
+           "- versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "transformers", "torchvision", "timm")
+                                      if v.get(k)) + (f"; metal_accel {v['metal_accel_commit']}"
+                                                       if v.get("metal_accel_commit") else ""), ""]
+    head = ["model", "dtype", "class", "params (M)", "input", "eager ms", "compile ms", "optimize ms", "import ms",
+            "self-noise (round ratios)", "compile 1st call s", "optimize(): modules replaced"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in res.get("rows", []):
+        fwd = row.get("forward", {})
+        med = fwd.get("median_ms", {})
+        rng = fwd.get("self_ratio_range")
+        noise = fwd.get("self_noise")
+        noise_s = "–" if noise is None else f"{noise * 100:.1f}%" + (
+            f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else "")
+        rep = row.get("optimize", {})
+        st = rep.get("status", {})
+        repl = (f"{rep.get('module_calls', 0) - st.get('eager', 0)} of {rep.get('module_calls', 0)}"
+                + (" (" + ", ".join(f"{n} {k}" for k, n in sorted(st.items()) if k != "eager") + ")"
+                   if len(st) > 1 else "")) if rep else "–"  # "covered": calls inside a replaced module
+        cfg = row.get("config", {})
+        cells = [row.get("model"), row.get("dtype"), row.get("model_class", "–"), row.get("params_m", "–"),
+                 "x".join(map(str, cfg.get("input", []))) or "–", _ms(med.get("eager")), _ms(med.get("compile")),
+                 _ms(med.get("optimize")), _ms(med.get("import")), noise_s,
+                 _ms(row.get("compile_first_call_s")), repl]
+        out.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    lms = [r for r in res.get("rows", []) if r.get("generate")]
+    if lms:
+        out += ["", "generate() (greedy, tokens/s: prefill / decode; identical: tokens equal eager's):", ""]
+        names = ["eager", "compile", "optimize", "import"]
+        head = ["model", "dtype"] + [f"{n} prefill / decode" for n in names] + ["decode self-noise", "identical"]
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in lms:
+            g = row["generate"]
+            pre, dec = g.get("prefill_tok_s", {}), g.get("decode_tok_s", {})
+            cells = [row["model"], row["dtype"]]
+            cells += [f"{pre[n]:.0f} / {dec[n]:.1f}" if n in pre and n in dec else "–" for n in names]
+            cells += ["–" if g.get("self_noise") is None else f"{g['self_noise'] * 100:.1f}%", _tokens(row)]
+            out.append("| " + " | ".join(cells) + " |")
+    why = []
+    for row in res.get("rows", []):
+        reasons = row.get("optimize", {}).get("eager_reasons", [])
+        if reasons:
+            why.append(f"- {row['model']} {row['dtype']}: " + "; ".join(f"{n}x {_first_line(r, 120)}"
+                                                                      for r, n in reasons[:4]))
+    if why:
+        out += ["", "Why modules stayed eager (most common reasons, calls):", "", *why]
+    errs = [f"- {row['model']} {row['dtype']}, {what}: {_first_line(text)}"
+            for row in res.get("rows", []) for what, text in row.get("errors", {}).items()]
+    bad = [f"- {row['model']} {row['dtype']}, {k}: relative error {o['rel_err']:.2e} (max abs {o['max_abs']:.2e})"
+           for row in res.get("rows", []) for k, o in row.get("outputs", {}).items() if not o.get("ok")]
+    if errs:
+        out += ["", "Failures (full text in the run's JSON):", "", *errs]
+    if bad:
+        out += ["", "Outputs outside tolerance against eager:", "", *bad]
+    notes = [f"- {row['model']}: {n}" for row in res.get("rows", []) for n in row.get("notes", [])]
+    if notes:
+        out += ["", *notes]
+    return out
+
+
+def details(results: list[dict]) -> str:
+    """How the zoo is run and measured, then each device's newest run: times, generate(), failures."""
+    latest: dict[str, dict] = {}
+    for res in results:
+        latest[_device(res)] = res
+    out = [COMMANDS,
+           "Contenders on copies of one model with the same random weights: eager (metal_accel's import hook off), "
+           "whole-model `torch.compile` (inductor, default mode, on the model's forward, so generate() uses it "
+           "too), `optimize()` with the library's defaults (shipped cache and torch.compile candidates, no LLM), "
+           "and `import metal_accel` alone (its hook's patched classes, on for that contender's calls only). "
+           "Outputs are compared with eager's by relative error norm (fp32 1e-4, fp16 1e-2, bf16 3e-2).", ""]
+    for dev, res in latest.items():
+        out += [f"#### {dev}", "", *_run_details(res), ""]
+    return "\n".join(out).rstrip() + "\n"
