@@ -3,12 +3,15 @@
     model = metal_accel.optimize(model, example_inputs)
     print(metal_accel.explain(model))
 """
+import logging
+
 from .api import explain, load_cache, optimize, restore
 from .auto import hook, record
 from .backends import available_backends, get_backend
 from .candidates.directory import DirectoryProvider
 from .core import config
 from .core.candidate import Candidate, parse_candidate
+from .core.config import Settings
 from .core.errors import (
     BackendUnavailableError,
     CacheError,
@@ -19,6 +22,7 @@ from .core.errors import (
     SandboxError,
 )
 from .core.verdict import Verdict
+from .core.version import VERSION as __version__
 from .report import ModuleReport, OptimizeReport
 from .runtime.dispatch import eager_only as eager
 from .store.cache import CacheEntry
@@ -27,28 +31,25 @@ from .synth.loop import SynthesisError, SynthesisLoop
 from .synth.models import ProviderConfigError
 from .synth.settings import SynthSettings
 
-__version__ = "0.1.0"
-
 
 def _activate_from_environment() -> None:
     """`import metal_accel` alone: patch cached classes, and record misses if asked to."""
-    import logging
-    import os
-
     if config.disabled():
         return
     try:
         hook.activate()
-        if os.environ.get("METAL_ACCEL_RECORD", "") not in ("", "0"):
+        if config.current().record:
             record.start_recording()
     except Exception as exc:  # importing the library must never fail because of a cache
         logging.getLogger(__name__).warning("metal_accel: auto-instrumentation is off: %s", exc)
 
 
+settings = config.current  # the settings in force: metal_accel.settings().build_dir, ...
+
 _activate_from_environment()
 
 __all__ = [
-    "optimize", "restore", "explain", "load_cache", "eager",
+    "optimize", "restore", "explain", "load_cache", "eager", "Settings", "settings",
     "OptimizeReport", "ModuleReport", "CacheEntry", "Verdict",
     "Candidate", "parse_candidate", "DirectoryProvider", "SynthesisLoop", "SynthSettings", "Limits",
     "available_backends", "get_backend",

@@ -19,13 +19,12 @@ from .backends.base import Backend
 from .candidates.providers import build_providers
 from .core import config
 from .core.candidate import Candidate
+from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
-from .proof.speed import DEFAULT_MARGIN
-from .proof.worker import DEFAULT_TIMEOUT_S
 from .report import OptimizeReport
 from .runtime.capture import ModuleCall, capture
 from .runtime.dispatch import dispatcher_of, uninstall
@@ -49,10 +48,9 @@ def _device_of(model: nn.Module, args: Sequence[Any]) -> torch.device:
 
 def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, Any] | None = None, *,
              backend: str | Backend | None = None, providers: Iterable[str | CandidateProvider] | None = None,
-             strict: bool = False, margin: float = DEFAULT_MARGIN, progress: bool | None = None,
-             bench_budget_s: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S, synthesize: bool | None = None,
-             models: Sequence[str | ModelSpec] | str | None = None,
-             synth_settings: SynthSettings | None = None) -> nn.Module:
+             synthesize: bool | None = None, models: Sequence[str | ModelSpec] | str | None = None,
+             strict: bool = False, progress: bool | None = None, settings: Settings | None = None,
+             synth_settings: SynthSettings | None = None, **changes: Any) -> nn.Module:
     """Swap proven, faster kernels into `model` for the calls that `example_inputs` exercise.
 
     Returns the same model object, patched in place; `restore(model)` undoes it and
@@ -62,12 +60,15 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
     `synthesize=True` asks LLMs on a cache miss: `models` such as ``["openai:gpt-5",
     "anthropic:claude-sonnet-4-5"]`` (default: METAL_ACCEL_MODELS); `synth_settings` sets samples,
     repair rounds and budgets (see docs/synthesis.md). Naming `models` implies `synthesize`.
-    New or foreign candidates compile and run first in a worker process limited to `timeout_s`.
+    Everything else is a setting: `settings` (default: `metal_accel.settings()`, from the environment)
+    with `changes` by name, e.g. ``margin=0.1, bench_budget_s=2.0, timeout_s=60, compile=False``
+    (core/config.py lists them); they are in force for this call only.
     """
+    run_settings = (settings or config.current()).with_(**changes)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     restore(model)
     start = time.perf_counter()
-    if config.disabled():
+    if run_settings.disabled:
         report = OptimizeReport("none", "disabled by METAL_ACCEL_DISABLE")
         object.__setattr__(model, _REPORT_ATTR, report)
         return model
@@ -77,9 +78,10 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
         warnings.warn(training_warning(training), UserWarning, stacklevel=2)
     guard.eval()  # capture, proofs and timing all see the model as it will run its kernels: in eval mode
     try:
-        report = _optimize(model, args, example_kwargs, guard, backend=backend, providers=providers, strict=strict,
-                           margin=margin, progress=progress, bench_budget_s=bench_budget_s, timeout_s=timeout_s,
-                           synthesize=synthesize, models=models, synth_settings=synth_settings)
+        with config.using(run_settings):
+            report = _optimize(model, args, example_kwargs, guard, backend=backend, providers=providers,
+                               strict=strict, progress=progress, synthesize=synthesize, models=models,
+                               synth_settings=synth_settings)
     finally:
         changes = guard.restore()  # training flags, and any tensor something changed
     for change in changes:
@@ -96,14 +98,14 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
 
 def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | None, guard: StateGuard, *,
               backend: str | Backend | None, providers: Iterable[str | CandidateProvider] | None, strict: bool,
-              margin: float, progress: bool | None, bench_budget_s: float, timeout_s: float,
-              synthesize: bool | None, models: Sequence[str | ModelSpec] | str | None,
+              progress: bool | None, synthesize: bool | None, models: Sequence[str | ModelSpec] | str | None,
               synth_settings: SynthSettings | None) -> OptimizeReport:
     """optimize() with the model in eval mode under GUARD: capture, then every captured call decided."""
     try:
         be = backend if isinstance(backend, Backend) else \
             get_backend(backend) if backend else backend_for_device(_device_of(model, args))
-        settings = ProofSettings(margin=margin, bench_budget_s=bench_budget_s, timeout_s=timeout_s)
+        now = config.current()
+        settings = ProofSettings(margin=now.margin, bench_budget_s=now.bench_budget_s, timeout_s=now.timeout_s)
         plan = GuardedPipeline(be, build_providers(providers, synthesize=synthesize, models=models,
                                                    settings=synth_settings, strict=strict, progress=progress),
                                settings=settings, strict=strict, guard=guard)

@@ -128,7 +128,7 @@ def test_disk_cache_hit_in_subprocess_without_compiler(user_cache):
     CpuBackend().compile(FMA)
     code = textwrap.dedent("""
         import sys, torch
-        from metal_accel.backends import cpu
+        from metal_accel.backends.cpu import backend as cpu
         lib = cpu.CpuBackend().compile(sys.stdin.read())
         a = torch.ones(4); out = torch.empty(4)
         lib.fma_k(a, a, out, 1.0, 4)

@@ -161,7 +161,7 @@ def test_second_process_reads_the_cache(tmp_path, isolated_user_cache):
         "print(r.status, r.source)\n"
         "with torch.inference_mode(): y = m(x)\n"
         "print(m.chain.__dict__['forward'].hits)\n"
-        "from metal_accel.backends import cpu\n"
+        "from metal_accel.backends.cpu import backend as cpu\n"
         "print(cpu.compile_count)\n"
     )
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}

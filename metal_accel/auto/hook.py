@@ -19,7 +19,6 @@ import importlib.abc
 import importlib.machinery
 import json
 import logging
-import os
 import sys
 import threading
 import types
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from ..backends import available_backends, get_backend
+from ..core import config
 from ..core.keys import class_source_sha
 from ..core.specs import UnsupportedCall
 from ..runtime import dispatch
@@ -60,8 +60,7 @@ _active = False
 
 
 def revalidate_policy() -> str:
-    policy = os.environ.get("METAL_ACCEL_REVALIDATE", "first-use")
-    return policy if policy in ("first-use", "optimize") else "first-use"
+    return config.current().revalidate
 
 
 def _first_shape(input_spec: dict[str, Any]) -> tuple[int, ...] | None:

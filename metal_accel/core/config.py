@@ -1,25 +1,137 @@
-"""Settings read from the environment, with defaults."""
+"""Every setting of metal_accel in one object, read from the environment in one place.
+
+`Settings.from_env()` is the only reader of metal_accel's environment variables (the synthesis knobs
+parse the same mapping, `environment()`, in synth/settings.py). `current()` is what the library uses:
+the settings in force (`using(settings)`, as optimize() does for its own run) or else those of the
+environment now. The environment is read on every call, so a variable set at run time takes effect.
+
+    METAL_ACCEL_USER_CACHE   writable user cache (default: the platform's user cache directory)
+    METAL_ACCEL_BUILD_DIR    compiled kernel artifacts (default: <user cache>/build)
+    METAL_ACCEL_CACHE_PATH   extra read-only caches, os.pathsep-separated
+    METAL_ACCEL_CONFIG_DIR   where the verdict key lives (default: the platform's user config directory)
+    METAL_ACCEL_DISABLE=1    no auto-instrumentation, optimize() does nothing
+    METAL_ACCEL_RECORD=1     record calls without a kernel (`metal-accel synth --recorded`)
+    METAL_ACCEL_COMPILE=0    never try torch.compile as a candidate
+    METAL_ACCEL_REVALIDATE   first-use (default) or optimize: when claimed verdicts are proven
+    METAL_ACCEL_TRUST_NATIVE=1   run untrusted native kernels in this process (not in the kernel server)
+    METAL_ACCEL_UNCONFINED=1     allow untrusted native code where no confinement layer applies
+    METAL_ACCEL_MPS_LAUNCHER auto (default), ext or compile_shader
+    METAL_ACCEL_MODELS       LLMs to synthesize with, comma-separated
+    CXX, CUDA_HOME / CUDA_PATH   the C++ compiler and the CUDA toolkit
+"""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 import platformdirs
 
 APP_NAME = "metal_accel"
+PREFIX = "METAL_ACCEL_"
+_TOOL_VARIABLES = ("CXX", "CUDA_HOME", "CUDA_PATH")
+REVALIDATE_POLICIES = ("first-use", "optimize")
+DEFAULT_MARGIN = 0.05      # a kernel must be this much faster than eager, beyond the noise
+DEFAULT_TIMEOUT_S = 120.0  # a candidate's time limit in the worker
+
+
+def environment() -> dict[str, str]:
+    """metal_accel's own environment variables (and the toolchain's), as they are now."""
+    return {k: v for k, v in os.environ.items() if k.startswith(PREFIX) or k in _TOOL_VARIABLES}
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = env.get(PREFIX + name)
+    return default if raw is None else raw not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What metal_accel does and where it keeps things. optimize(settings=..., **changes) takes one;
+    the defaults come from the environment (module docstring)."""
+
+    user_cache: Path
+    config_dir: Path
+    build_dir_override: Path | None = None
+    cache_path: tuple[Path, ...] = ()
+    disabled: bool = False
+    record: bool = False
+    compile: bool = True                 # try torch.compile (and on CUDA its graph replay) as candidates
+    revalidate: str = "first-use"
+    trust_native: bool = False
+    unconfined: bool = False
+    mps_launcher: str = "auto"
+    models: tuple[str, ...] = ()
+    cxx: str | None = None
+    cuda_home: str | None = None
+    # the proof (optimize()'s knobs)
+    margin: float = DEFAULT_MARGIN
+    bench_budget_s: float = 1.0          # seconds of timing per speed gate
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = environment() if env is None else env
+        user_cache = env.get(PREFIX + "USER_CACHE") or platformdirs.user_cache_dir(APP_NAME)
+        build = env.get(PREFIX + "BUILD_DIR")
+        revalidate = env.get(PREFIX + "REVALIDATE", "first-use")
+        return cls(
+            user_cache=Path(user_cache),
+            config_dir=Path(env.get(PREFIX + "CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME)),
+            build_dir_override=Path(build) if build else None,
+            cache_path=tuple(Path(p) for p in env.get(PREFIX + "CACHE_PATH", "").split(os.pathsep) if p),
+            disabled=_flag(env, "DISABLE"), record=_flag(env, "RECORD"), compile=_flag(env, "COMPILE", True),
+            revalidate=revalidate if revalidate in REVALIDATE_POLICIES else "first-use",
+            trust_native=_flag(env, "TRUST_NATIVE"), unconfined=_flag(env, "UNCONFINED"),
+            mps_launcher=env.get(PREFIX + "MPS_LAUNCHER", "auto"),
+            models=tuple(p.strip() for p in env.get(PREFIX + "MODELS", "").split(",") if p.strip()),
+            cxx=env.get("CXX") or None, cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None)
+
+    def with_(self, **changes: Any) -> "Settings":
+        """A copy with CHANGES (field names; a TypeError names any unknown one)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return replace(self, **changes)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.build_dir_override or self.user_cache / "build"
+
+
+_in_force: list[Settings] = []
+_lock = threading.Lock()
+
+
+def current() -> Settings:
+    """The settings in force: the innermost `using()`, else the environment's now."""
+    return _in_force[-1] if _in_force else Settings.from_env()
+
+
+@contextlib.contextmanager
+def using(settings: Settings) -> Iterator[Settings]:
+    """Run the body with SETTINGS in force (process-wide: the library's threads see them too)."""
+    with _lock:
+        _in_force.append(settings)
+    try:
+        yield settings
+    finally:
+        with _lock:
+            _in_force.remove(settings)
 
 
 def user_cache_dir() -> Path:
-    """The writable user cache: METAL_ACCEL_USER_CACHE, else the platform's user cache dir."""
-    override = os.environ.get("METAL_ACCEL_USER_CACHE")
-    return Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME))
+    """The writable user cache."""
+    return current().user_cache
 
 
 def build_dir() -> Path:
-    """Where compiled kernel artifacts live, keyed by source hash: METAL_ACCEL_BUILD_DIR (the worker's,
-    read-only to it), else the user cache's build directory."""
-    override = os.environ.get("METAL_ACCEL_BUILD_DIR")
-    return Path(override) if override else user_cache_dir() / "build"
+    """Where compiled kernel artifacts live, keyed by source hash (read-only to the worker)."""
+    return current().build_dir
 
 
 def shipped_cache_dir() -> Path:
@@ -33,15 +145,14 @@ def include_dir() -> Path:
 
 
 def extra_cache_paths() -> list[Path]:
-    """Read-only caches named by METAL_ACCEL_CACHE_PATH (os.pathsep-separated)."""
-    raw = os.environ.get("METAL_ACCEL_CACHE_PATH", "")
-    return [Path(p) for p in raw.split(os.pathsep) if p]
+    """Read-only caches named by METAL_ACCEL_CACHE_PATH."""
+    return list(current().cache_path)
 
 
 def disabled() -> bool:
-    return os.environ.get("METAL_ACCEL_DISABLE", "") not in ("", "0")
+    return current().disabled
 
 
 def compile_enabled() -> bool:
-    """Whether torch.compile is tried as a candidate (METAL_ACCEL_COMPILE=0 turns it off)."""
-    return os.environ.get("METAL_ACCEL_COMPILE", "1") not in ("", "0")
+    """Whether torch.compile is tried as a candidate."""
+    return current().compile

@@ -235,16 +235,9 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         be.synchronize()
         row.compile_s = time.perf_counter() - t0
         step.done("torch.compile's first call")
-    saved = os.environ.get("METAL_ACCEL_COMPILE")
-    os.environ["METAL_ACCEL_COMPILE"] = "1" if compile_candidate else "0"  # torch.compile as a candidate, or not
-    try:
-        optimize(model, inputs, backend=backend, providers=provs, bench_budget_s=bench_budget_s,
-                             progress=False, timeout_s=timeout_s)
-    finally:
-        if saved is None:
-            os.environ.pop("METAL_ACCEL_COMPILE", None)
-        else:
-            os.environ["METAL_ACCEL_COMPILE"] = saved
+    # torch.compile as a candidate, or not
+    optimize(model, inputs, backend=backend, providers=provs, progress=False, bench_budget_s=bench_budget_s,
+             timeout_s=timeout_s, compile=compile_candidate)
     step.done("the pipeline (capture, proofs, speed gates)")
     report = explain(model)
     root = next((m for m in report.modules if m.name == type(model).__name__), None)

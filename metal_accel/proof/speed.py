@@ -9,12 +9,12 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..backends.timing import Timer, TimingRejected, cache_flusher, time_call
+from ..core.config import DEFAULT_MARGIN
 from ..core.verdict import BenchResult
 
 __all__ = ["BenchResult", "DEFAULT_MARGIN", "TimingRejected", "cache_flusher", "compare_speed", "median_lower_bound",
            "time_call"]
 
-DEFAULT_MARGIN = 0.05
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:

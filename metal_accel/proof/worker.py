@@ -33,10 +33,10 @@ from typing import Any, BinaryIO
 import torch
 
 from ..core import config
+from ..core.config import DEFAULT_TIMEOUT_S
 from ..core.redact import redact
 from ..sandbox import confine
 
-DEFAULT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 120.0  # importing torch on a busy machine; a worker not up by then is a failure
 MEMORY_HEADROOM = 4 << 30  # address space a candidate may add over the worker's own (CPU device only)
 REQUEST_COPIES = 4  # and this many times the request's size, for its inputs' copies and outputs
@@ -167,7 +167,7 @@ class Worker:
         could confine neither files nor syscalls, the reply refuses (unless METAL_ACCEL_UNCONFINED=1)."""
         with self._lock:
             proc = self._start(req["backend"], req["device"], timeout)
-            if not confine.sufficient(self.layers) and not confine.unconfined_allowed():
+            if not confine.sufficient(self.layers) and not config.current().unconfined:
                 missing = "; ".join(l for l in self.layers if "not applied" in l) or "no layer applied"
                 return {"ok": False, "stage": "confine",
                         "error": f"refused to run untrusted native code: the worker could confine neither files nor "

@@ -113,16 +113,16 @@ class _Process:
         self.base = self.capacity = 0
         self.timeout: float | None = None
         self.closed = False
+        self._stderr_text = ""
         try:
             _, payload = self.receive(START_TIMEOUT_S, "starting")
             self.layers: list[str] = [str(x) for x in json.loads(payload).get("layers", [])]
         except (KernelServerError, ValueError, AttributeError) as exc:
-            self.stderr.seek(0)
-            lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+            lines = self._stderr_lines()
             self.close()
             said = f" (it said: {redact(lines[-1][:300])})" if lines else ""
             raise KernelServerError(f"the kernel server did not start: {exc}{said}") from None
-        if not confine.sufficient(self.layers) and not confine.unconfined_allowed():
+        if not confine.sufficient(self.layers) and not config.current().unconfined:
             self.close()
             missing = "; ".join(x for x in self.layers if "not applied" in x) or "no layer applied"
             raise KernelServerError(
@@ -145,7 +145,9 @@ class _Process:
         self.arena_view = None
         if self.arena is not None:
             self.arena.close()
-        self.stderr.close()
+        if not self.stderr.closed:
+            self._stderr_text = self._read_stderr()
+            self.stderr.close()
         if os.getpid() == self.pid:  # a forked child leaves its parent's server alone
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -186,6 +188,14 @@ class _Process:
             self.close()
             raise KernelServerError(f"{what} crashed the kernel server ({_signal_name(code)}); it ran in a process of "
                                     "its own, so this one is unharmed") from None
+
+    def _read_stderr(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace").strip()
+
+    def _stderr_lines(self) -> list[str]:
+        """What the server wrote to stderr (kept when it is closed)."""
+        return (self._stderr_text if self.stderr.closed else self._read_stderr()).splitlines()
 
     def reserve(self, size: int) -> int:
         """The arena's base address, the arena grown first when it holds fewer than SIZE bytes."""

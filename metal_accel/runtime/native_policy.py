@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from typing import Any
 
 from ..backends.base import Backend
@@ -45,7 +44,7 @@ _placements: dict[str, str] = {}  # sha256 of a source -> where its kernels were
 
 def trust_native() -> bool:
     """METAL_ACCEL_TRUST_NATIVE=1: the user trusts every native kernel enough to run it in-process."""
-    return os.environ.get("METAL_ACCEL_TRUST_NATIVE", "") not in ("", "0")
+    return config.current().trust_native
 
 
 def _digest(source: str) -> str:

@@ -38,6 +38,7 @@ import sysconfig
 from pathlib import Path
 from typing import Sequence
 
+
 try:  # optional (libseccomp); imported now, since finding the library runs ldconfig, which confinement forbids
     import pyseccomp
     _SECCOMP_ERROR = ""
@@ -318,13 +319,11 @@ def sufficient(layers: Sequence[str]) -> bool:
     return any(l.split(" ")[0] in (FS_LAYER, SYSCALL_LAYER, "sandbox") and "not applied" not in l for l in layers)
 
 
-def unconfined_allowed() -> bool:
-    return os.environ.get(UNCONFINED_ENV, "") not in ("", "0")
-
 
 def describe() -> dict[str, object]:
     """What this platform can confine (for `metal-accel doctor`); applies nothing."""
-    info: dict[str, object] = {"platform": sys.platform, "unconfined_opt_out": unconfined_allowed()}
+    info: dict[str, object] = {"platform": sys.platform,  # the opt-out as core/config.py reads it
+                               "unconfined_opt_out": os.environ.get(UNCONFINED_ENV, "") not in ("", "0")}
     if sys.platform == "darwin":
         info["sandbox"] = "sandbox_init profile (untested): no network, no writes outside scratch, no exec"
         return info

@@ -26,9 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
-from ..core.config import APP_NAME
+from ..core import config
 
 log = logging.getLogger(__name__)
 KEY_NAME = "verdict.key"
@@ -41,8 +39,7 @@ _lock = threading.Lock()
 
 def config_dir() -> Path:
     """METAL_ACCEL_CONFIG_DIR, else the platform's user config directory for metal_accel."""
-    override = os.environ.get("METAL_ACCEL_CONFIG_DIR")
-    return Path(override) if override else Path(platformdirs.user_config_dir(APP_NAME))
+    return config.current().config_dir
 
 
 def key_path() -> Path:

@@ -1,11 +1,11 @@
 """Model names: `openai:<model>`, `anthropic:<model>`, `openai-compatible:<base_url>#<model>`."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+from ..core import config
 from ..core.errors import MetalAccelError
 
 MODELS_ENV = "METAL_ACCEL_MODELS"
@@ -85,8 +85,7 @@ def parse_models(specs: Iterable[str | ModelSpec]) -> list[ModelSpec]:
 
 def models_from_env() -> list[ModelSpec]:
     """The models named by METAL_ACCEL_MODELS (comma-separated); empty when unset."""
-    raw = os.environ.get(MODELS_ENV, "")
-    return parse_models(p for p in raw.split(",") if p.strip())
+    return parse_models(config.current().models)
 
 
 def resolve_models(models: Sequence[str | ModelSpec] | str | None) -> list[ModelSpec]:

@@ -1,10 +1,10 @@
-"""Knobs of the synthesis loop, with defaults and environment overrides."""
+"""Knobs of the synthesis loop, with defaults and environment overrides (read through core/config.py)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from ..core import config
 from .budget import DEFAULT_MODULE_LIMITS, DEFAULT_RUN_LIMITS, Limits
 
 
@@ -44,21 +44,22 @@ class SynthSettings:
     @classmethod
     def from_env(cls, **overrides: Any) -> "SynthSettings":
         """Defaults, then environment variables, then `overrides`."""
+        environ = config.environment()
         env: dict[str, Any] = {}
         for name, key, conv in (("METAL_ACCEL_SAMPLES", "samples", int),
                                 ("METAL_ACCEL_REPAIR_ROUNDS", "repair_rounds", int),
                                 ("METAL_ACCEL_CONCURRENCY", "concurrency", int),
                                 ("METAL_ACCEL_LLM_TIMEOUT_S", "request_timeout_s", float)):
-            if os.environ.get(name):
-                env[key] = conv(os.environ[name])
-        env["run_limits"] = _limits_from_env("METAL_ACCEL_", DEFAULT_RUN_LIMITS)
-        env["module_limits"] = _limits_from_env("METAL_ACCEL_MODULE_", DEFAULT_MODULE_LIMITS)
+            if environ.get(name):
+                env[key] = conv(environ[name])
+        env["run_limits"] = _limits_from_env(environ, "METAL_ACCEL_", DEFAULT_RUN_LIMITS)
+        env["module_limits"] = _limits_from_env(environ, "METAL_ACCEL_MODULE_", DEFAULT_MODULE_LIMITS)
         return cls(**{**env, **overrides})
 
 
-def _limits_from_env(prefix: str, default: Limits) -> Limits:
+def _limits_from_env(environ: Mapping[str, str], prefix: str, default: Limits) -> Limits:
     def get(name: str, conv: type, fallback: Any) -> Any:
-        raw = os.environ.get(prefix + name, "")
+        raw = environ.get(prefix + name, "")
         if raw == "":
             return fallback
         return None if raw.lower() in ("none", "inf", "off") else conv(float(raw))

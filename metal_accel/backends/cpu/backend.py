@@ -123,7 +123,7 @@ def artifact_path(directory: Path, content: str, cxx: str | None) -> Path:
 
 def find_compiler() -> str | None:
     """Path of the C++ compiler: $CXX, else c++, g++ or clang++ on PATH."""
-    override = os.environ.get("CXX")
+    override = config.current().cxx
     if override:
         return shutil.which(override)
     return next((p for p in map(shutil.which, ("c++", "g++", "clang++")) if p), None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import os
 import re
 import sys
 from pathlib import Path
@@ -80,7 +79,7 @@ def target_for(capability: tuple[int, int], supported: tuple[int, ...]) -> tuple
 @functools.cache
 def toolkit_include_dirs() -> tuple[str, ...]:
     """Where cuda_fp16.h and friends are: CUDA_HOME/CUDA_PATH, /usr/local/cuda, or the nvidia pip wheels."""
-    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
+    roots = [config.current().cuda_home, "/usr/local/cuda"]
     candidates = [Path(r) / "include" for r in roots if r]
     for entry in sys.path:
         nv = Path(entry) / "nvidia"

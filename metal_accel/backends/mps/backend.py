@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ...core import config
 from ...core.errors import BackendUnavailableError, CompileError
 from ..base import BackendDefaults, Environment, os_description, torch_major_minor
 from ..timing import TimingRejected, time_call
@@ -86,7 +86,7 @@ def _compile_shader() -> Callable[[str], Any] | None:
 
 def launcher() -> ShaderLauncher | ExtensionLauncher | None:
     """The launcher this process uses (METAL_ACCEL_MPS_LAUNCHER=ext|compile_shader forces one)."""
-    want = os.environ.get("METAL_ACCEL_MPS_LAUNCHER", "auto")
+    want = config.current().mps_launcher
     ext = extension() if want in ("auto", "ext") else None
     if ext is not None:
         return ExtensionLauncher(ext)
