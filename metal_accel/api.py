@@ -23,6 +23,7 @@ from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
+from .model_choice import prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
 from .report import OptimizeReport
@@ -120,6 +121,15 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress,
                      leave=False):
         report.modules.append(plan.process(call))
+    if now.end_to_end and report.kernels:
+        try:
+            e2e = prove_end_to_end(model, args, dict(example_kwargs or {}), report, be.synchronize,
+                                   budget_s=max(1.0, 2 * now.bench_budget_s))
+            report.end_to_end = e2e.to_dict() if e2e is not None else None
+        except Exception as exc:  # the choices stay as proven one by one; the report says why
+            if strict:
+                raise
+            report.notes.append(redact(f"end-to-end check not done: {type(exc).__name__}: {exc}"))
     return report
 
 

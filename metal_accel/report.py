@@ -38,6 +38,7 @@ class OptimizeReport:
     modules: list[ModuleReport] = field(default_factory=list)
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)  # about the model: training mode, state optimize() put back
+    end_to_end: dict[str, Any] | None = None        # model_choice.EndToEnd.to_dict(): the whole model timed
 
     @property
     def kernels(self) -> list[ModuleReport]:
@@ -46,7 +47,8 @@ class OptimizeReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
-                "modules": [m.to_dict() for m in self.modules], "notes": list(self.notes)}
+                "modules": [m.to_dict() for m in self.modules], "notes": list(self.notes),
+                "end_to_end": self.end_to_end}
 
     def table(self, width: int = 60, verbose: bool = False) -> str:
         """A plain-text table: module, input spec, times, what runs and why (covered calls folded)."""
@@ -74,6 +76,11 @@ class OptimizeReport:
                 f"{len(self.modules)} module calls run kernels, {n_compile} torch.compile"
                 + (f", {n_graph} torch.compile as a CUDA graph" if n_graph else "") + "; "
                 f"decided in {self.elapsed_s:.1f} s")
+        if self.end_to_end is not None:
+            e = self.end_to_end
+            final = e["final_speedup"] if e.get("final_speedup") is not None else e["speedup"]
+            head = (f"end to end on the example inputs: {final:.2f}x eager (self-noise ±{e['self_noise'] * 100:.1f}%)"
+                    + (f"; {e['decision']}" if e.get("decision") else "") + "\n" + head)
         if covered and not verbose:
             lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")
         notes = [f"note: {n}" for n in self.notes]

@@ -12,6 +12,7 @@ environment now. The environment is read on every call, so a variable set at run
     METAL_ACCEL_DISABLE=1    no auto-instrumentation, optimize() does nothing
     METAL_ACCEL_RECORD=1     record calls without a kernel (`metal-accel synth --recorded`)
     METAL_ACCEL_COMPILE=0    never try torch.compile as a candidate
+    METAL_ACCEL_END_TO_END=0 skip the end-to-end check of the optimized model (model_choice.py)
     METAL_ACCEL_REVALIDATE   first-use (default) or optimize: when claimed verdicts are proven
     METAL_ACCEL_TRUST_NATIVE=1   run untrusted native kernels in this process (not in the kernel server)
     METAL_ACCEL_UNCONFINED=1     allow untrusted native code where no confinement layer applies
@@ -71,6 +72,7 @@ class Settings:
     margin: float = DEFAULT_MARGIN
     bench_budget_s: float = 1.0          # seconds of timing per speed gate
     timeout_s: float = DEFAULT_TIMEOUT_S
+    end_to_end: bool = True              # time the optimized model whole against eager; drop what slows it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -83,6 +85,7 @@ class Settings:
             config_dir=Path(env.get(PREFIX + "CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME)),
             build_dir_override=Path(build) if build else None,
             cache_path=tuple(Path(p) for p in env.get(PREFIX + "CACHE_PATH", "").split(os.pathsep) if p),
+            end_to_end=_flag(env, "END_TO_END", True),
             disabled=_flag(env, "DISABLE"), record=_flag(env, "RECORD"), compile=_flag(env, "COMPILE", True),
             revalidate=revalidate if revalidate in REVALIDATE_POLICIES else "first-use",
             trust_native=_flag(env, "TRUST_NATIVE"), unconfined=_flag(env, "UNCONFINED"),

@@ -1,0 +1,202 @@
+"""The model-level proof of speed: after every call was decided alone, the whole model is timed as it runs.
+
+Per-module gates time each call alone, between device synchronizations; in a running model launch time
+overlaps with device work and a saving measured alone can vanish, or turn into a loss (each CUDA-graph
+replay adds copies). So the optimized model is timed end to end against eager on the user's example
+inputs: blocks of back-to-back calls with one synchronization each, the contenders in a balanced order
+(every contender after every other equally often), eager also against itself for the noise. Where the
+optimized model is not faster, module choices are dropped group by group (one group: the modules of one
+class that run the same kind of thing), each kept only if the model without it is slower, and if it is
+still slower than eager, every choice goes: the model is never left slower than eager, beyond the noise of
+timing eager against itself (at least 2%: differences smaller than that are not acted on).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .report import COVERED, OptimizeReport
+from .runtime.dispatch import dispatcher_of, eager_only, uninstall
+
+log = logging.getLogger(__name__)
+
+MIN_ROUNDS = 6
+MAX_ROUNDS = 16
+BLOCK_TARGET_S = 0.02   # a block of back-to-back calls lasts at least this long (timer resolution, launch overlap)
+MIN_NOISE = 0.02      # below this a difference is not acted on, whatever eager against itself showed
+DROPPED = "dropped: the whole model ran faster without it (end to end)"
+
+
+@dataclass
+class EndToEnd:
+    """How the optimized model compared with eager, end to end, and what that changed."""
+
+    eager_us: float
+    optimized_us: float
+    speedup: float                  # median over rounds of eager / optimized, per call
+    self_noise: float               # half the interquartile range of eager / eager-again over the same rounds
+    rounds: int
+    calls_per_block: int
+    dropped: list[str] = field(default_factory=list)   # groups whose removal made the whole faster
+    final_speedup: float | None = None                 # after drops, when any
+    decision: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def describe(self) -> str:
+        final = self.final_speedup if self.final_speedup is not None else self.speedup
+        text = f"end to end: {final:.2f}x eager (self-noise ±{self.self_noise * 100:.1f}%, {self.rounds} rounds)"
+        return text + (f"; {self.decision}" if self.decision else "")
+
+
+def balanced_orders(names: Sequence[str], rounds: int) -> list[tuple[str, ...]]:
+    """ROUNDS orders of NAMES cycling through all permutations, so each contender runs after each other
+    equally often over every full cycle (a call's speed depends on what ran before it)."""
+    perms = list(itertools.permutations(names))
+    return [perms[i % len(perms)] for i in range(rounds)]
+
+
+def time_contenders(contenders: dict[str, Callable[[], Any]], sync: Callable[[], None], budget_s: float,
+                    min_rounds: int = MIN_ROUNDS) -> tuple[dict[str, list[float]], int]:
+    """Per-call seconds of each contender per round: blocks of back-to-back calls, one sync per block."""
+    with torch.inference_mode():
+        for fn in contenders.values():  # warm-up: first calls compile, allocate, fill caches
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for fn in contenders.values():
+            fn()
+        sync()
+        per_call = max((time.perf_counter() - t0) / len(contenders), 1e-6)
+        block = max(1, min(64, int(BLOCK_TARGET_S / per_call)))
+        rounds = int(budget_s / (per_call * block * len(contenders)))
+        rounds = max(min_rounds, min(MAX_ROUNDS, rounds))
+        samples: dict[str, list[float]] = {n: [] for n in contenders}
+        for order in balanced_orders(list(contenders), rounds):
+            for name in order:
+                fn = contenders[name]
+                sync()
+                t = time.perf_counter()
+                for _ in range(block):
+                    fn()
+                sync()
+                samples[name].append((time.perf_counter() - t) / block)
+    return samples, block
+
+
+def _paired_median(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a / b (both timed in the same round)."""
+    return statistics.median(x / y for x, y in zip(a, b) if y > 0)
+
+
+def _half_iqr(ratios: list[float]) -> float:
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [1.0, 1.0, 1.0]
+    return max((q[2] - q[0]) / 2, 0.0)
+
+
+@contextmanager
+def suspended(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """MODULES run their own forward inside the block; their dispatchers are put back afterwards."""
+    saved = [(m, dispatcher_of(m)) for m in modules]
+    for m, disp in saved:
+        if disp is not None:
+            del m.__dict__["forward"]
+    try:
+        yield
+    finally:
+        for m, disp in saved:
+            if disp is not None:
+                m.forward = disp
+
+
+def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn.Module]]:
+    """The installed choices grouped by class and kind ("RMSNorm: compile"), largest saving last."""
+    by_name = {name or type(model).__name__: m for name, m in model.named_modules()}
+    groups: dict[str, list[nn.Module]] = {}
+    for rep in report.modules:
+        module = by_name.get(rep.name)
+        if rep.status == "eager" or module is None or dispatcher_of(module) is None:
+            continue
+        groups.setdefault(f"{rep.module_class.rsplit('.', 1)[-1]}: {rep.status}", []).append(module)
+    return groups
+
+
+def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
+                     sync: Callable[[], None], budget_s: float) -> EndToEnd | None:
+    """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower."""
+    groups = choice_groups(model, report)
+    if not groups:
+        return None
+
+    def run() -> Any:
+        return model(*args, **kwargs)
+
+    def run_eager() -> Any:
+        with eager_only():
+            return model(*args, **kwargs)
+
+    samples, block = time_contenders({"eager": run_eager, "eager_again": run_eager, "optimized": run}, sync,
+                                     budget_s)
+    noise = _half_iqr([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
+    speedup = _paired_median(samples["eager"], samples["optimized"])
+    result = EndToEnd(statistics.median(samples["eager"]) * 1e6, statistics.median(samples["optimized"]) * 1e6,
+                      speedup, noise, len(samples["eager"]), block)
+    log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
+    tolerance = max(noise, MIN_NOISE)  # slower than eager only beyond what eager against itself shows
+    if speedup >= 1.0 - tolerance:
+        return result
+    for name, modules in sorted(groups.items(), key=lambda kv: len(kv[1])):
+        trial, _ = time_contenders({"with": run, "without": _without(run, modules)}, sync, budget_s / 2)
+        if _paired_median(trial["with"], trial["without"]) > 1.0 + tolerance:  # faster without this group
+            for m in modules:
+                uninstall(m)
+            result.dropped.append(name)
+            log.info("metal_accel: dropped %s: the model ran faster without it", name)
+    result.final_speedup = speedup
+    if result.dropped and choice_groups(model, report):
+        final, _ = time_contenders({"eager": run_eager, "optimized": run}, sync, budget_s / 2)
+        result.final_speedup = _paired_median(final["eager"], final["optimized"])
+    if result.final_speedup < 1.0 - tolerance:
+        for modules in choice_groups(model, report).values():
+            for m in modules:
+                uninstall(m)
+        result.decision = f"every module choice dropped: the optimized model ran {result.final_speedup:.2f}x eager"
+    elif result.dropped:
+        result.decision = "dropped " + ", ".join(result.dropped)
+    if not choice_groups(model, report):
+        result.final_speedup = 1.0  # eager, as it is
+    _mark_dropped(model, report)
+    return result
+
+
+def _without(run: Callable[[], Any], modules: Sequence[nn.Module]) -> Callable[[], Any]:
+    def call() -> Any:
+        with suspended(modules):
+            return run()
+    return call
+
+
+def _mark_dropped(model: nn.Module, report: OptimizeReport) -> None:
+    """Reports of choices no longer installed say so, and so do the calls they covered."""
+    by_name = {name or type(model).__name__: m for name, m in model.named_modules()}
+    for rep in report.modules:
+        module = by_name.get(rep.name)
+        if rep.status != "eager" and module is not None and dispatcher_of(module) is None:
+            rep.rejected.append(f"{rep.status} ({rep.reason}): {DROPPED}")
+            rep.status, rep.reason = "eager", DROPPED
+    for rep in report.modules:
+        if rep.reason != COVERED:
+            continue
+        covering = [r for r in report.modules if r.status != "eager" and r is not rep
+                    and (by_name.get(r.name) is model or rep.name.startswith(r.name + "."))]
+        if not covering:
+            rep.reason = "eager: the module that covered it was dropped end to end (not decided alone)"

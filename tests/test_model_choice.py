@@ -1,0 +1,154 @@
+"""The model-level proof of speed (model_choice.py): the optimized model timed whole against eager."""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import torch
+from torch import nn
+
+from metal_accel.core.specs import call_signature
+from metal_accel.model_choice import DROPPED, balanced_orders, prove_end_to_end
+from metal_accel.report import COVERED, ModuleReport, OptimizeReport
+from metal_accel.runtime.dispatch import dispatcher_of, install
+
+
+class Cheap(nn.Module):
+    """One add: eager is already one op, so an op doing much more work only loses."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+class Costly(nn.Module):
+    """Many small ops whose sum one op computes in a single step."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(300):
+            x = x + 1e-3
+        return x
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = Cheap()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x)
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cheap = Inner()
+        self.costly = Costly()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.costly(self.cheap(x))
+
+
+class FakeOp:
+    """An installed choice: called as the dispatcher calls ops, `op(args, kwargs, state)`."""
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+
+    def __call__(self, args: tuple, kwargs: dict, state: list) -> torch.Tensor:
+        return self.fn(args[0])
+
+
+def slow_add(x: torch.Tensor) -> torch.Tensor:
+    y = x
+    for _ in range(300):
+        y = y + 0.0
+    return y + 1
+
+
+def report_for(*entries: tuple[str, str, str]) -> OptimizeReport:
+    rep = OptimizeReport("cpu", "test")
+    rep.modules = [ModuleReport(name, f"tests.{cls}", "float32[64]", status, "proven alone")
+                   for name, cls, status in entries]
+    return rep
+
+
+def test_balanced_orders_put_each_contender_after_each_other_equally_often():
+    names = ["eager", "eager_again", "optimized"]
+    orders = balanced_orders(names, 12)  # two full cycles of the 6 permutations
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert set(follows) == set(itertools.permutations(names, 2))
+    assert len(set(follows.values())) == 1, follows
+    firsts = Counter(order[0] for order in orders)
+    assert len(set(firsts.values())) == 1 and len(firsts) == 3
+
+
+def test_a_choice_that_slows_the_whole_model_is_dropped_and_the_report_says_so():
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.cheap.act, call_signature((x,), {}), FakeOp("slow", slow_add))
+    report = report_for(("cheap.act", "Cheap", "kernel"))
+    result = prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
+    assert result is not None and result.speedup < 1.0, result
+    assert dispatcher_of(model.cheap.act) is None
+    assert report.modules[0].status == "eager" and report.modules[0].reason == DROPPED
+    assert result.final_speedup == 1.0 and result.decision
+    assert torch.equal(model(x), Pair.forward(model, x))
+
+
+def test_a_faster_model_keeps_its_choices():
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.costly, call_signature((x,), {}), FakeOp("fused", lambda t: t + 0.3))
+    report = report_for(("costly", "Costly", "kernel"))
+    result = prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
+    assert result is not None and result.speedup > 1.0 and not result.dropped, result
+    assert dispatcher_of(model.costly) is not None and report.modules[0].status == "kernel"
+    assert "end to end" in result.describe()
+
+
+def test_only_the_group_that_slows_the_model_goes():
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.costly, call_signature((x,), {}), FakeOp("fused", lambda t: t + 0.3))
+    install(model.cheap.act, call_signature((x,), {}), FakeOp("slow", lambda t: slow_add(slow_add(t))))
+    report = report_for(("costly", "Costly", "kernel"), ("cheap.act", "Cheap", "compile"))
+    result = prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
+    assert result is not None
+    if result.speedup >= 1.0:  # the fused op's saving outweighed the slow one's loss: nothing to drop
+        assert not result.dropped
+        return
+    assert result.dropped == ["Cheap: compile"], result
+    assert dispatcher_of(model.cheap.act) is None and dispatcher_of(model.costly) is not None
+    assert [m.status for m in report.modules] == ["kernel", "eager"]
+
+
+def test_calls_covered_by_a_dropped_choice_say_they_were_never_decided_alone():
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.cheap, call_signature((x,), {}), FakeOp("slow", slow_add))
+    report = report_for(("cheap", "Inner", "compile"), ("cheap.act", "Cheap", "eager"))
+    report.modules[1].reason = COVERED
+    prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
+    assert report.modules[0].reason == DROPPED
+    assert "dropped end to end" in report.modules[1].reason
+
+
+def test_nothing_installed_means_no_end_to_end_run():
+    model, x = Pair().eval(), torch.randn(64)
+    assert prove_end_to_end(model, (x,), {}, report_for(), sync=lambda: None, budget_s=0.5) is None
+
+
+def test_optimize_reports_the_end_to_end_figures_first(tmp_path):
+    import pytest
+    import metal_accel
+    from toymodels import GOOD, Net
+    if not metal_accel.get_backend("cpu").is_available():
+        pytest.skip("no C++ compiler")
+    folder = tmp_path / "cands" / "cpu" / "Chain"
+    folder.mkdir(parents=True)
+    (folder / "good.py").write_text(GOOD)
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[f"dir:{tmp_path / 'cands'}"])
+    report = metal_accel.explain(model)
+    assert report.end_to_end is not None and report.end_to_end["rounds"] >= 6, report.end_to_end
+    assert report.table().startswith("end to end on the example inputs: ")
+    assert report.to_dict()["end_to_end"] == report.end_to_end
+    metal_accel.restore(model)
+    metal_accel.optimize(model, (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False)
+    assert metal_accel.explain(model).end_to_end is None
