@@ -165,12 +165,13 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
 
 def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monkeypatch):
     import metal_accel.kernelbench.problem as sp
+    import metal_accel.kernelbench.sizes as sizes
     heavy = PROBLEM.replace("self.scale = scale", "self.scale = scale\n        self.proj = nn.Linear(1024, 1024)")
     (tmp_path / "9_Heavy.py").write_text(heavy)
     (p,) = load_problems(tmp_path / "9_Heavy.py")
     assert sp.state_mb(p) == pytest.approx((1024 * 1024 + 1024) * 4 / 1e6)
     assert sp.too_heavy(p, "cpu") is None  # 4 MB of weights: far below a fifth of any machine's memory
-    monkeypatch.setattr(sp, "device_memory_mb", lambda device: 24.0)  # room for 18 MB of copies
+    monkeypatch.setattr(sizes, "device_memory_mb", lambda device: 24.0)  # room for 18 MB of copies
     assert sp.too_heavy(p, "cpu", kernels=False) is None  # the model and its float64 reference: 3 copies
     assert "5 copies of them (a kernel candidate runs in a worker)" in sp.too_heavy(p, "cpu", kernels=True)
     twins: list = []

@@ -1,8 +1,10 @@
 """One `metal-accel bench` problem: its candidates, its size, and its measurement.
 
-`run_problem` optimizes the problem's model with the candidates, checks the optimized output
-against eager on inputs it never saw, then times eager, `torch.compile` and the optimized model in
-one interleaved loop on the same fresh inputs, with the device synchronized around each call.
+`run_problem` skips a problem over `--max-tensor-mb` or too heavy for the device (sizes.py),
+optimizes the problem's model with the candidates, checks the optimized output against eager on
+inputs it never saw, then times eager, a second copy of eager (the self-noise), `torch.compile` and
+the optimized model in balanced rounds on the same fresh inputs (timing.py), with the device
+synchronized around each call. The row counts what runs in the whole captured subtree.
 
 Candidates for a problem are read by a `dir:` provider under the problem's own names
 (`<root>/<backend>/L<level>_<id>_<name>.py`, then `<root>/<backend>/<name>.py`, and folders of
@@ -13,8 +15,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +24,7 @@ import torch
 
 from ..api import explain, optimize
 from ..backends import get_backend
-from ..backends.timing import TimingRejected, time_call
+from ..backends.timing import time_call
 from ..candidates.directory import DirectoryProvider
 from ..core.provider import ProposedText, SynthesisRequest
 from ..proof.prove import backend_timer, float64_reference
@@ -32,7 +32,12 @@ from ..proof.speed import cache_flusher
 from ..proof.validate import Mismatch, spot_check
 from ..runtime.dispatch import eager_forward, eager_only
 from .problems import Problem
-from .result import Row
+from .result import Row, call_counts
+from .sizes import fit_batch, largest_tensor_mb, over_cap, state_mb, too_heavy
+from .timing import interleave, median, self_noise, side_by_side
+
+__all__ = ["ProblemProvider", "fit_batch", "input_sets", "largest_tensor_mb", "problem_key", "run_problem",
+           "side_by_side", "state_mb", "tensor_bytes", "too_heavy"]
 
 log = logging.getLogger(__name__)
 
@@ -62,114 +67,7 @@ class ProblemProvider:
         return [ProposedText(f.read_text(), f"dir:{f}") for f in self.files(request.backend)]
 
 
-# ---------------------------------------------------------------- sizes
-
-def _shapes(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Inputs and outputs of the problem on the meta device (no memory, no compute)."""
-    module = problem.load()
-    with torch.device("meta"):
-        torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs()).eval()
-        inputs = [a for a in module.get_inputs()]
-        out = model(*inputs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [t for t in inputs if isinstance(t, torch.Tensor)], [t for t in outs if isinstance(t, torch.Tensor)]
-
-
-def fit_batch(problem: Problem, max_tensor_mb: float | None) -> tuple[int | None, int | None]:
-    """(original, used) `batch_size` so that no input or output exceeds MAX_TENSOR_MB (halving it)."""
-    module = problem.load()  # cached per process: remember the problem's own batch size the first time
-    original = module.__dict__.setdefault("_metal_accel_batch_size", getattr(module, "batch_size", None))
-    if not isinstance(original, int):
-        return original, original
-    module.batch_size = original
-    if max_tensor_mb is None:
-        return original, original
-    batch = original
-    while True:
-        module.batch_size = batch
-        largest = largest_tensor_mb(problem)
-        if largest is None:  # the problem's shapes are tied to its batch size: keep the last that worked
-            module.batch_size = batch * 2 if batch != original else original
-            return original, module.batch_size
-        if largest <= max_tensor_mb or batch == 1:
-            return original, batch
-        batch = max(1, batch // 2)
-
-
-MODEL_COPIES = 3   # the model's weights, and its float64 reference's (twice the bytes); compile's twin shares them
-WORKER_COPIES = 2  # a kernel candidate's worker holds its own copy, and another passes through the pipe
-MEMORY_SHARE = 0.75  # of the device memory, for the weights' copies; the rest for activations and the runtime
-
-
-def state_mb(problem: Problem) -> float | None:
-    """MB of the problem model's parameters and buffers, built on the meta device (None: unknown)."""
-    module = problem.load()
-    try:
-        with torch.device("meta"):
-            model = module.Model(*module.get_init_inputs())
-    except Exception:
-        return None
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 1e6
-
-
-def device_memory_mb(device: str) -> float:
-    """The memory of DEVICE (the first GPU for "cuda", physical memory otherwise), in MB."""
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / 1e6
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1e6
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no limit
-        return math.inf
-
-
-def too_heavy(problem: Problem, device: str, kernels: bool = True) -> str | None:
-    """Why the problem's weights are too large for the bench on DEVICE, or None. KERNELS: whether a kernel
-    candidate may run (in a worker, with its own copy of the weights)."""
-    copies = MODEL_COPIES + (WORKER_COPIES if kernels else 0)
-    weights, limit = state_mb(problem), device_memory_mb(device) * MEMORY_SHARE / copies
-    if weights is None or weights <= limit:
-        return None
-    return (f"its parameters and buffers ({weights:.0f} MB) exceed {limit:.0f} MB: the bench would hold "
-            f"{copies} copies of them{' (a kernel candidate runs in a worker)' if kernels else ''} "
-            f"in {MEMORY_SHARE:.0%} of the {device} memory")
-
-
-def largest_tensor_mb(problem: Problem) -> float | None:
-    """The largest input or output of the problem at its current batch_size, in MB (None: unknown)."""
-    try:
-        ins, outs = _shapes(problem)
-    except Exception:  # some problems cannot run on the meta device: measured for real instead
-        return None
-    return max((t.numel() * t.element_size() for t in ins + outs), default=0) / 1e6
-
-
 # ---------------------------------------------------------------- measurement
-
-def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
-                 timer: Callable[..., tuple[float, Any]] | None, budget_s: float, min_reps: int = 10,
-                 max_reps: int = 300) -> dict[str, float]:
-    """Median seconds per call of each function, timed round-robin (rotating order) on rotating inputs."""
-    timer = timer or time_call
-    names = list(fns)
-    for args in input_sets[:2]:
-        for n in names:
-            fns[n](*args)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start, rep = time.perf_counter(), 0
-    while rep < max_reps and (rep < min_reps or time.perf_counter() - start < budget_s):
-        args = input_sets[rep % len(input_sets)]
-        order = names[rep % len(names):] + names[:rep % len(names)]
-        for n in order:
-            for _ in range(4):
-                try:
-                    times[n].append(timer(fns[n], args, {}, sync)[0])
-                    break
-                except TimingRejected:
-                    continue
-        rep += 1
-    return {n: statistics.median(t) if t else float("nan") for n, t in times.items()}
-
 
 def input_sets(problem: Problem, inputs: tuple, device: torch.device | str, fresh: int = 2) -> list[tuple]:
     """INPUTS and FRESH more input sets from the problem's `get_inputs()`, on DEVICE."""
@@ -203,11 +101,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     t_start = time.perf_counter()
     be = get_backend(backend)
     row.batch_original, row.batch = fit_batch(problem, max_tensor_mb)
-    largest = largest_tensor_mb(problem)
-    skip = None
-    if max_tensor_mb is not None and largest is not None and largest > max_tensor_mb:
-        skip = (f"a {largest:.0f} MB tensor exceeds --max-tensor-mb {max_tensor_mb:g}, and "
-                f"{'batch_size 1 is the smallest' if row.batch == 1 else 'the problem has no batch_size to shrink'}")
+    skip = over_cap(problem, max_tensor_mb, row.batch, row.batch_original)
     skip = skip or too_heavy(problem, device, kernels=_kernels_may_come(problem, providers, backend))
     if skip is not None:
         row.status, row.reason = "skipped", skip
@@ -245,6 +139,7 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         row.status, row.reason, row.rejected = root.status, root.reason, list(root.rejected)
         row.outpaced = list(root.outpaced)
         row.pipeline_speedup, row.winner = root.speedup, root.source if root.status != "eager" else ""
+    row.calls = call_counts(report.modules)
     row.candidate_correct = _candidate_correct(row)
     with torch.inference_mode():
         out = model(*sets[2])
@@ -261,7 +156,11 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         with eager_only():
             return model(*a)
 
-    fns: dict[str, Callable[..., Any]] = {"eager": eager, "optimized": model}
+    def eager_again(*a: Any) -> Any:  # eager timed against itself: the measurement's own noise
+        with eager_only():
+            return model(*a)
+
+    fns: dict[str, Callable[..., Any]] = {"eager": eager, "eager_again": eager_again, "optimized": model}
     if compiled is not None:
         fns["compile"] = compiled
     timer = backend_timer(be)
@@ -269,9 +168,12 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
         flusher, base = cache_flusher(device), timer or time_call
         timer = lambda fn, a, k, s: (flusher(), base(fn, a, k, s))[1]  # noqa: E731
     with torch.inference_mode():
-        med = side_by_side(fns, sets, be.synchronize, timer, budget_s)
+        samples = interleave(fns, sets, be.synchronize, timer, budget_s)
     step.done("side-by-side timing")
+    med = {n: median(t) for n, t in samples.items()}
+    row.samples = min(len(t) for t in samples.values())
     row.eager_us, row.kernel_us = med["eager"] * 1e6, med["optimized"] * 1e6
+    row.eager_again_us, row.self_noise = med["eager_again"] * 1e6, self_noise(med["eager"], med["eager_again"])
     row.vs_eager = med["eager"] / med["optimized"]
     if compiled is not None:
         row.compile_us = med["compile"] * 1e6

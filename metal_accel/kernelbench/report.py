@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from .result import SuiteResult
+from .result import SuiteResult, calls_text
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -29,8 +29,17 @@ def markdown(res: SuiteResult) -> str:
                          f"{_fmt(b['geomean_vs_compile'], '.2f')}x vs torch.compile; worst "
                          f"{_fmt(b['min_vs_eager'], '.2f')}x vs eager, {_fmt(b['min_vs_compile'], '.2f')}x vs "
                          "torch.compile")
-    lines += ["", "| problem | batch | eager µs | compile µs | optimized µs | vs eager | vs compile | correct | "
-              "result | % DRAM BW |", "|---|---|---|---|---|---|---|---|---|---|"]
+            if any(b.get("calls", {}).values()):
+                lines.append(f"- level {key}, the captured calls of the measured models: {calls_text(b['calls'])}")
+            noise = b.get("self_noise") or {}
+            if noise.get("problems"):
+                lines.append(f"- level {key}, self-noise (eager timed against a second copy of itself in the same "
+                             f"balanced rounds): median {_fmt(100 * noise['median'], '.1f')}%, max "
+                             f"{_fmt(100 * noise['max'], '.1f')}% over {noise['problems']} problems; a speedup "
+                             "closer to 1.00x than its row's noise is a tie")
+    lines += ["", "| problem | batch | eager µs | compile µs | optimized µs | vs eager | vs compile | noise | correct | "
+              "result (top-level module) | calls (whole subtree) | % DRAM BW |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.rows:
         batch = f"{r.batch}" + (f" (of {r.batch_original})" if r.batch != r.batch_original else "")
         correct = {True: "yes", False: "no", None: "–"}[r.candidate_correct]
@@ -39,9 +48,10 @@ def markdown(res: SuiteResult) -> str:
             "torch.compile as a CUDA graph won the pipeline" if r.status == "graph" else f"{r.status}: {r.reason}"
         result = result.replace("|", "/").replace("\n", " ")[:160]
         bw = _fmt(100 * r.bandwidth_frac, ".0f") + "%" if r.memory_bound and r.bandwidth_frac else "–"
+        noise = "–" if r.self_noise is None or math.isnan(r.self_noise) else f"{100 * r.self_noise:.1f}%"
         lines.append(f"| {r.key} | {batch} | {_fmt(r.eager_us, '.1f')} | {_fmt(r.compile_us, '.1f')} | "
                      f"{_fmt(r.kernel_us, '.1f')} | {_fmt(r.vs_eager, '.2f')} | {_fmt(r.vs_compile, '.2f')} | "
-                     f"{correct} | {result} | {bw} |")
+                     f"{noise} | {correct} | {result} | {calls_text(r.calls) or '–'} | {bw} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,17 +1,46 @@
 """Results of `metal-accel bench`: one `Row` per problem and the `SuiteResult` with its summaries.
 
 `summary` covers the problems a candidate was proposed for (correct, installed, geometric-mean
-speedups); `best_summary` covers every measured problem with whatever the pipeline installed;
-`to_dict` is the document written to suite.json (suite_report.py renders it).
+speedups); `best_summary` covers every measured problem with whatever the pipeline installed, the
+calls of the captured subtrees by what runs them, and the self-noise (eager timed against a second
+copy of itself in the same rounds); `to_dict` is the document written to suite.json (report.py
+renders it).
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..report import COVERED, ModuleReport
+
 ATTEMPT_SPEEDUP = 1.05
+RUNS = ("kernel", "compile", "graph", "eager", "covered")  # what runs a captured call; covered: inside a kernel
+
+
+def call_counts(modules: Iterable[ModuleReport]) -> dict[str, int]:
+    """The captured calls of a model's whole subtree by what runs them (`covered`: inside a call that runs
+    something other than eager)."""
+    counts = dict.fromkeys(RUNS, 0)
+    for m in modules:
+        counts["covered" if m.status == "eager" and m.reason == COVERED else m.status] += 1
+    return counts
+
+
+def calls_text(calls: dict[str, int]) -> str:
+    """'82 calls: 11 compile, 71 eager', or '' when the calls were not counted."""
+    if not calls:
+        return ""
+    parts = [f"{n} {k}" for k, n in calls.items() if n]
+    return f"{sum(calls.values())} calls: {', '.join(parts)}"
+
+
+def _noise(rows: list[Row]) -> dict[str, Any]:
+    vals = [r.self_noise for r in rows if r.self_noise is not None and not math.isnan(r.self_noise)]
+    return {"problems": len(vals), "median": statistics.median(vals) if vals else None, "max": max(vals, default=None)}
 
 
 @dataclass
@@ -23,7 +52,8 @@ class Row:
     batch: int | None = None
     batch_original: int | None = None
     attempted: bool = False          # a candidate was proposed
-    status: str = "eager"            # kernel | compile | graph | eager | error | skipped
+    status: str = "eager"            # of the top-level module: kernel | compile | graph | eager | error | skipped
+    calls: dict[str, int] = field(default_factory=dict)  # every captured call of the subtree by what runs it (RUNS)
     reason: str = ""
     candidate_correct: bool | None = None
     output_ok: bool | None = None
@@ -31,6 +61,9 @@ class Row:
     eager_us: float | None = None
     compile_us: float | None = None
     kernel_us: float | None = None   # the optimized model (kernel, or eager fallback)
+    eager_again_us: float | None = None  # eager again, as a second contender of the same rounds
+    self_noise: float | None = None  # |1 - eager_again / eager|: ratios closer to 1 than this are ties
+    samples: int | None = None       # timed calls of each contender
     vs_eager: float | None = None
     vs_compile: float | None = None
     compile_s: float | None = None
@@ -70,6 +103,7 @@ class SuiteResult:
             "fraction_correct_and_1.05x": sum(r.status == "kernel" and (r.vs_eager or 0) >= ATTEMPT_SPEEDUP
                                                for r in rows) / len(rows) if rows else None,
             "installed_slower_than_eager": [r.key for r in rows if r.status == "kernel" and (r.vs_eager or 0) < 1.0],
+            "self_noise": _noise(timed),
         }
 
     def best_summary(self, level: int | None = None) -> dict[str, Any]:
@@ -81,7 +115,9 @@ class SuiteResult:
         return {"measured": len(timed), "geomean_vs_eager": geo([r.vs_eager for r in timed]),
                 "geomean_vs_compile": geo(vs_c), "min_vs_eager": min((r.vs_eager for r in timed), default=None),
                 "min_vs_compile": min(vs_c, default=None),
-                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "graph", "eager")}}
+                "runs": {k: sum(r.status == k for r in timed) for k in ("kernel", "compile", "graph", "eager")},
+                "calls": {k: sum(r.calls.get(k, 0) for r in timed) for k in RUNS},
+                "self_noise": _noise(timed)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"environment": self.environment, "dram_bandwidth_gbs": (self.dram_bandwidth or 0) / 1e9,

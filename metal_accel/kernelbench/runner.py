@@ -1,13 +1,14 @@
 """`metal-accel bench`: KernelBench-format problems through the real pipeline, side by side.
 
-For each problem: the eager model, `torch.compile` (inductor, default mode) and the model after
-`optimize()` (the accepted kernel, or eager where every candidate was rejected) are timed in one
-interleaved loop on the same fresh inputs, with the device synchronized around each call. The
-optimized model's output is checked against eager on inputs it never saw. Results go to JSON,
+For each problem: the eager model, a second copy of eager (the measurement's self-noise),
+`torch.compile` (inductor, default mode) and the model after `optimize()` (the accepted kernel, or
+eager where every candidate was rejected) are timed in balanced rounds (each contender right after
+each other equally often) on the same fresh inputs, with the device synchronized around each call.
+The optimized model's output is checked against eager on inputs it never saw. Results go to JSON,
 markdown and (with matplotlib) a PNG.
 
-Each problem runs in suite_problem.py, rows and summaries are in suite_result.py, and the outputs
-are written by suite_report.py.
+Each problem runs in problem.py (sizes in sizes.py, timing in timing.py), rows and summaries are in
+result.py, and the outputs are written by report.py.
 """
 from __future__ import annotations
 

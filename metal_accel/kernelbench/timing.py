@@ -1,0 +1,86 @@
+"""Side-by-side timing for `metal-accel bench`: contenders called in a balanced order.
+
+A call's speed depends on what ran just before it (caches, clocks, the allocator), so the order of
+the calls is part of the measurement. Here the contenders are called along a closed walk that takes
+every ordered pair of distinct contenders exactly once (an Eulerian circuit of the complete directed
+graph); repeated round after round, each contender directly follows every other equally often,
+across the rounds' boundaries too. A round of N contenders is N * (N - 1) calls on one input set,
+N - 1 samples of each.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..backends.timing import TimingRejected, time_call
+
+Timer = Callable[..., tuple[float, Any]]
+
+
+def balanced_sequence(n: int) -> list[int]:
+    """One round of calls of N contenders (0..N-1): every ordered pair (a, b), a != b, appears once as
+    'b right after a', counting the pair that closes the round onto its first call."""
+    if n < 2:
+        return list(range(n))
+    unused = {v: [w for w in range(n) if w != v] for v in range(n)}
+    stack, walk = [0], []
+    while stack:  # Hierholzer: follow unused edges, back up when stuck
+        v = stack[-1]
+        if unused[v]:
+            stack.append(unused[v].pop())
+        else:
+            walk.append(stack.pop())
+    walk.reverse()
+    return walk[:-1]  # the circuit ends where it began: the next round's first call closes it
+
+
+def predecessor_pairs(calls: Sequence[str]) -> Counter[tuple[str, str]]:
+    """How often each contender ran right after each other in CALLS (a contender after itself not counted)."""
+    return Counter((a, b) for a, b in zip(calls, calls[1:]) if a != b)
+
+
+def interleave(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
+               timer: Timer | None, budget_s: float, min_samples: int = 10,
+               max_samples: int = 300) -> dict[str, list[float]]:
+    """Seconds of each call of each function, in balanced rounds (each on the next input set) until every
+    function has MIN_SAMPLES and BUDGET_S has passed, or MAX_SAMPLES. Two warm-up calls each first."""
+    timer = timer or time_call
+    names = list(fns)
+    for args in input_sets[:2]:
+        for n in names:
+            fns[n](*args)
+    order = [names[i] for i in balanced_sequence(len(names))]
+    per_round = max(1, len(names) - 1)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start, rnd = time.perf_counter(), 0
+    while rnd * per_round < max_samples and (rnd * per_round < min_samples or time.perf_counter() - start < budget_s):
+        args = input_sets[rnd % len(input_sets)]
+        for n in order:
+            for _ in range(4):  # a rejected timing (an outlier the timer refuses) is taken again
+                try:
+                    times[n].append(timer(fns[n], args, {}, sync)[0])
+                    break
+                except TimingRejected:
+                    continue
+        rnd += 1
+    return times
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples) if samples else float("nan")
+
+
+def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
+                 timer: Timer | None, budget_s: float, min_reps: int = 10,
+                 max_reps: int = 300) -> dict[str, float]:
+    """Median seconds per call of each function, timed in balanced rounds on rotating inputs."""
+    times = interleave(fns, input_sets, sync, timer, budget_s, min_reps, max_reps)
+    return {n: median(t) for n, t in times.items()}
+
+
+def self_noise(eager_s: float, again_s: float) -> float:
+    """How far two timings of the same function disagree: |1 - again / eager| (0.05: 5%)."""
+    return abs(1.0 - again_s / eager_s) if eager_s and eager_s == eager_s and again_s == again_s else float("nan")
