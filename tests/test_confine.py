@@ -23,7 +23,7 @@ PROBE = textwrap.dedent("""
     import json, os, socket, subprocess, sys, threading
     from pathlib import Path
     import torch
-    from metal_accel import confine
+    from metal_accel.sandbox import confine
     scratch, ro, outside, cache, port = sys.argv[1:6]
     layers = confine.apply(Path(scratch), read_only=[Path(ro)])
     out = {"layers": layers}
