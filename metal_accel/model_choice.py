@@ -13,6 +13,7 @@ timing eager against itself (at least 2%: differences smaller than that are not 
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import statistics
 import time
@@ -42,7 +43,7 @@ class EndToEnd:
     eager_us: float
     optimized_us: float
     speedup: float                  # median over rounds of eager / optimized, per call
-    self_noise: float               # half the interquartile range of eager / eager-again over the same rounds
+    self_noise: float               # eager / eager-again over the same rounds: half its IQR in log space, as a factor - 1
     rounds: int
     calls_per_block: int
     dropped: list[str] = field(default_factory=list)   # groups whose removal made the whole faster
@@ -98,8 +99,11 @@ def _paired_median(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b) if y > 0)
 
 
-def _half_iqr(ratios: list[float]) -> float:
-    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [1.0, 1.0, 1.0]
+def _log_noise(ratios: list[float]) -> float:
+    """Half the interquartile range of log(ratio): how far eager timed against itself strays, as a factor
+    (symmetric: 2x slower and 2x faster are the same distance)."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    q = statistics.quantiles(logs, n=4) if len(logs) >= 2 else [0.0, 0.0, 0.0]
     return max((q[2] - q[0]) / 2, 0.0)
 
 
@@ -146,17 +150,21 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
 
     samples, block = time_contenders({"eager": run_eager, "eager_again": run_eager, "optimized": run}, sync,
                                      budget_s)
-    noise = _half_iqr([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
+    log_noise = _log_noise([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
+    noise = math.exp(log_noise) - 1
     speedup = _paired_median(samples["eager"], samples["optimized"])
     result = EndToEnd(statistics.median(samples["eager"]) * 1e6, statistics.median(samples["optimized"]) * 1e6,
                       speedup, noise, len(samples["eager"]), block)
     log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
-    tolerance = max(noise, MIN_NOISE)  # slower than eager only beyond what eager against itself shows
-    if speedup >= 1.0 - tolerance:
+    tolerance = max(log_noise, math.log1p(MIN_NOISE))  # as a log ratio: what eager against itself shows
+
+    def slower(ratio: float) -> bool:  # ratio = eager-like / contender; below 1 beyond the noise
+        return math.log(ratio) < -tolerance
+    if not slower(speedup):
         return result
     for name, modules in sorted(groups.items(), key=lambda kv: len(kv[1])):
         trial, _ = time_contenders({"with": run, "without": _without(run, modules)}, sync, budget_s / 2)
-        if _paired_median(trial["with"], trial["without"]) > 1.0 + tolerance:  # faster without this group
+        if slower(_paired_median(trial["without"], trial["with"])):  # the model is faster without this group
             for m in modules:
                 uninstall(m)
             result.dropped.append(name)
@@ -165,7 +173,7 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
     if result.dropped and choice_groups(model, report):
         final, _ = time_contenders({"eager": run_eager, "optimized": run}, sync, budget_s / 2)
         result.final_speedup = _paired_median(final["eager"], final["optimized"])
-    if result.final_speedup < 1.0 - tolerance:
+    if slower(result.final_speedup):
         for modules in choice_groups(model, report).values():
             for m in modules:
                 uninstall(m)
