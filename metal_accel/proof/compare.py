@@ -2,31 +2,23 @@
 
 Exact dtypes must be equal; floating outputs must agree in NaN and Inf positions and be close
 elsewhere, judged against a float64 reference where there is one, so eager's own rounding error
-is not mistaken for the truth. Outputs are compared a chunk at a time, so the float64 temporaries
+is not mistaken for the truth; a NaN or Inf where eager has another value passes only where the float64
+reference agrees with the candidate (eager's own float32 arithmetic overflowed there). Which tolerances
+apply follows the precision rule (precision.py): eager's under the user's flags, or torch.compile's own
+check. Outputs are compared a chunk at a time, so the float64 temporaries
 take a few chunks' memory, not many times the output's.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
+from .precision import COMPILE_TOL, FLOAT32_DEFAULT, TOLERANCES, PrecisionRule, Tolerance
 
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float   # per element, relative to |reference|
-    atol: float   # per element, relative to the reference's mean magnitude
-    norm: float   # ||out - ref|| / ||ref||
+__all__ = ["Mismatch", "Tolerance", "TOLERANCES", "compare_output"]
 
-
-TOLERANCES = {
-    torch.float64: Tolerance(1e-7, 1e-9, 1e-9),
-    torch.float32: Tolerance(1e-4, 1e-5, 1e-5),
-    torch.float16: Tolerance(1e-2, 1e-3, 2e-3),
-    torch.bfloat16: Tolerance(3e-2, 8e-3, 1e-2),
-}
 
 EAGER_ERROR_QUANTILE = 0.99
 # elements compared at a time: on the CPU, per thread, so each thread's float64 temporaries stay in its
@@ -97,16 +89,19 @@ class _Sums:
 
 
 def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor | None = None,
-                   first_failure: bool = False) -> dict[str, float]:
+                   first_failure: bool = False, rule: PrecisionRule = FLOAT32_DEFAULT) -> dict[str, float]:
     """Raise Mismatch unless `out` matches eager `ref` in type, shape, dtype, device, NaN/Inf and values.
 
-    With a float64 reference, an element also passes when it is within tolerance of the exact value
-    plus twice eager's own error there, or twice eager's 99th-percentile error over the output where
-    that is larger (eager's rounding is not the truth, and a correct kernel rounds elsewhere), and
-    the error norm may be up to twice eager's. That rule only ever passes more, so it is applied only
-    where the plain check fails (the returned norm error is then the smaller of the two). With
-    `first_failure` and no float64 reference, it stops at the first chunk with an element out of
-    tolerance, whose message then counts that chunk's only: enough to tell that a guess fails.
+    Tolerances are RULE's (precision.py): eager's for the output's dtype under the user's flags, or, for
+    the "compile" rule, torch.compile's own accuracy check (_compile_rule). With a float64 reference, an
+    element also passes when it is within tolerance of the exact value plus twice eager's own error there,
+    or twice eager's 99th-percentile error over the output where that is larger (eager's rounding is not
+    the truth, and a correct kernel rounds elsewhere), and the error norm may be up to twice eager's; a NaN
+    or Inf where eager has something else passes where the float64 reference has the candidate's value.
+    That rule only ever passes more, so it is applied only where the plain check fails (the returned norm
+    error is then the smaller of the two). With `first_failure` and no float64 reference, it stops at the
+    first chunk with an element out of tolerance, whose message then counts that chunk's only: enough to
+    tell that a guess fails.
     """
     if not isinstance(out, torch.Tensor):
         raise Mismatch(f"{where}: expected a tensor, got {type(out).__name__}")
@@ -122,22 +117,25 @@ def compare_output(out: Any, ref: torch.Tensor, where: str, ref64: torch.Tensor 
             raise Mismatch(f"{where}: {_count(torch.ne, o, r)} of {ref.numel()} elements differ "
                            f"(exact dtype {ref.dtype})")
         return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
-    scale, any_special = _check_special_values(o, r, where)
-    tol = TOLERANCES.get(ref.dtype, TOLERANCES[torch.float32])
+    x = None if ref64 is None else ref64.detach().reshape(-1)
+    tol = rule.tolerance(ref.dtype)
+    scale, any_special = _check_special_values(o, r, where, x, tol)
+    if rule.compile:
+        return _compile_rule(o, r, x, where, any_special, first_failure)
     plain = _Sums()
     for s, e in _spans(r):
-        finite = torch.isfinite(r[s:e]) if any_special else None
+        finite = _both_finite(o, r, s, e) if any_special else None
         oc, rc = _finite64(o[s:e], finite), _finite64(r[s:e], finite)
         err, allowed = torch.sub(oc, rc).abs_(), _allowed(rc, tol, scale)
         plain.add(err, rc, err > allowed, allowed, s, finite)
-        if first_failure and plain.bad and ref64 is None:
+        if first_failure and plain.bad and x is None:
             break
     if plain.count == 0:
         return {"max_abs_err": 0.0, "norm_err": 0.0, "mismatch_fraction": 0.0}
     norm_err = _ratio(plain.err_norm, plain.ref_norm, plain.max_err)
     n_bad, worst, norm_limit = plain.bad, plain.worst[1], tol.norm
-    if ref64 is not None and (n_bad or norm_err > norm_limit):
-        exact = _exact_rule(o, r, ref64.detach().reshape(-1), tol, scale, any_special)
+    if x is not None and (n_bad or norm_err > norm_limit):
+        exact = _exact_rule(o, r, x, tol, scale, any_special)
         if exact is not None:
             n_bad, worst, norm_limit, norm64 = exact
             norm_err = min(norm_err, norm64)
@@ -156,21 +154,38 @@ def _ratio(num: float, den: float, max_err: float) -> float:
     return num / den if den > 0 else (0.0 if max_err == 0 else float("inf"))
 
 
-def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str) -> tuple[float, bool]:
-    """Raise unless NaN and Inf sit at the same places (Infs of the same sign); return the mean |eager|
-    over its finite elements (the scale of atol) and whether it has any NaN or Inf."""
+def _both_finite(o: torch.Tensor, r: torch.Tensor, s: int, e: int) -> torch.Tensor:
+    """Which elements of chunk [S, E) are finite in both (they differ only where a special value was disputed
+    and the float64 reference sided with the candidate)."""
+    return torch.isfinite(r[s:e]) & torch.isfinite(o[s:e])
+
+
+def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str, x: torch.Tensor | None,
+                          tol: Tolerance) -> tuple[float, bool]:
+    """Raise unless NaN and Inf sit at the same places (Infs of the same sign), or, with the float64
+    reference X, differ only where X has the candidate's value (NaN, the same Inf, or a finite value within
+    rtol): eager's float32 arithmetic broke down there (an intermediate overflowed), the candidate's did not.
+    Return the mean |eager| over elements finite in both (the scale of atol) and whether any are not."""
     total, count, special = 0.0, 0, False
     for s, e in _spans(r):
         oc, rc = o[s:e], r[s:e]
         nan_o, nan_r = torch.isnan(oc), torch.isnan(rc)
-        if not torch.equal(nan_o, nan_r):
-            raise Mismatch(f"{where}: NaN positions differ ({_count(torch.isnan, o)} NaN vs eager "
-                           f"{_count(torch.isnan, r)}; an unwritten output element is NaN)")
         inf_o, inf_r = torch.isinf(oc), torch.isinf(rc)
-        if not torch.equal(inf_o, inf_r) or not torch.equal(oc[inf_o], rc[inf_r]):
-            raise Mismatch(f"{where}: Inf positions or signs differ ({_count(torch.isinf, o)} vs eager "
-                           f"{_count(torch.isinf, r)})")
-        finite = ~(nan_r | inf_r)
+        disputed = (nan_o != nan_r) | (inf_o != inf_r) | (inf_o & inf_r & (oc != rc))
+        if bool(disputed.any()):
+            what = "NaN positions" if not torch.equal(nan_o, nan_r) else "Inf positions or signs"
+            counts = (f"{_count(torch.isnan, o)} NaN vs eager {_count(torch.isnan, r)}; an unwritten output "
+                      "element is NaN" if what == "NaN positions"
+                      else f"{_count(torch.isinf, o)} vs eager {_count(torch.isinf, r)}")
+            if x is None:
+                raise Mismatch(f"{where}: {what} differ ({counts})")
+            od, xd = oc[disputed].double(), x[s:e][disputed]
+            exact = (torch.isnan(od) & torch.isnan(xd)) | (torch.isinf(od) & (od == xd)) | (
+                torch.isfinite(od) & torch.isfinite(xd) & ((od - xd).abs() <= tol.rtol * xd.abs()))
+            if not bool(exact.all()):
+                raise Mismatch(f"{where}: {what} differ ({counts}), and the float64 reference does not side "
+                               f"with the candidate at {int((~exact).sum())} of {int(disputed.sum())} of them")
+        finite = ~(nan_r | inf_r | nan_o | inf_o)
         if bool(finite.all()):
             total += rc.double().abs().sum().item()
             count += rc.numel()
@@ -181,11 +196,51 @@ def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str) -> tuple
     return (total / count if count else 0.0), special
 
 
+def _compile_rule(o: torch.Tensor, r: torch.Tensor, x: torch.Tensor | None, where: str, any_special: bool,
+                  first_failure: bool) -> dict[str, float]:
+    """torch.compile's own accuracy check (torch._dynamo.utils.same) over the elements finite in both:
+    allclose at COMPILE_TOL absolute and relative, else, with the float64 reference X, an RMS error against
+    X at most twice eager's (three times for half dtypes or under 1000 elements) plus COMPILE_TOL / 10.
+    Special values were judged by the eager rule (torch's check stops judging once both outputs hold a NaN)."""
+    count = bad = 0
+    max_err = out_sq = ref_sq = x_sq = 0.0
+    for s, e in _spans(r):
+        finite = _both_finite(o, r, s, e) if any_special else None
+        oc, rc = _finite64(o[s:e], finite), _finite64(r[s:e], finite)
+        err = torch.sub(oc, rc).abs_()
+        count += err.numel()
+        if err.numel():
+            max_err = max(max_err, err.max().item())
+            bad += int((err > rc.abs().mul_(COMPILE_TOL).add_(COMPILE_TOL)).sum())
+        if bad and first_failure and x is None:
+            break
+        if x is not None:
+            xc = _finite64(x[s:e], finite)
+            out_sq += torch.sub(oc, xc).square_().sum().item()
+            ref_sq += torch.sub(rc, xc).square_().sum().item()
+            x_sq += xc.square().sum().item()
+    stats = {"max_abs_err": max_err, "norm_err": 0.0, "mismatch_fraction": bad / count if count else 0.0}
+    if not bad:
+        return stats
+    if x is None or not math.isfinite(out_sq + ref_sq):
+        raise Mismatch(f"{where}: {bad} of {count} elements ({stats['mismatch_fraction']:.2%}) outside allclose "
+                       f"at {COMPILE_TOL:g} (max abs err {max_err:.3g}) and no finite float64 reference to "
+                       "judge the RMS error by (precision rule 'compile')")
+    out_rmse, ref_rmse = math.sqrt(out_sq / count), math.sqrt(ref_sq / count)
+    stats["norm_err"] = math.sqrt(out_sq / x_sq) if x_sq > 0 else (0.0 if out_sq == 0 else math.inf)
+    multiplier = 3.0 if r.dtype in (torch.float16, torch.bfloat16) or r.numel() < 1000 else 2.0
+    if out_rmse > multiplier * ref_rmse + COMPILE_TOL / 10:
+        raise Mismatch(f"{where}: RMS error vs float64 {out_rmse:.3g} exceeds {multiplier:g} x eager's "
+                       f"{ref_rmse:.3g} + {COMPILE_TOL / 10:g} (precision rule 'compile'; {bad} of {count} "
+                       f"elements outside allclose at {COMPILE_TOL:g})")
+    return stats
+
+
 def _exact_rule(o: torch.Tensor, r: torch.Tensor, x: torch.Tensor, tol: Tolerance, scale: float,
                 any_special: bool) -> tuple[int, int, float, float] | None:
     """(bad count, worst flat index, norm limit, norm error against X) by the float64 rule of compare_output,
     or None where the float64 reference X is not finite wherever eager is."""
-    masks = [torch.isfinite(r[s:e]) if any_special else None for s, e in _spans(r)]
+    masks = [_both_finite(o, r, s, e) if any_special else None for s, e in _spans(r)]
     n_finite = sum(int(m.sum()) for m in masks) if any_special else r.numel()
     eager_err = torch.empty(n_finite, dtype=torch.float64, device=r.device)
     at, x_abs, x_norm, eager_norm, out_norm = 0, 0.0, 0.0, 0.0, 0.0
