@@ -13,6 +13,8 @@ environment now. The environment is read on every call, so a variable set at run
     METAL_ACCEL_RECORD=1     record calls without a kernel (`metal-accel synth --recorded`)
     METAL_ACCEL_COMPILE=0    never try torch.compile as a candidate
     METAL_ACCEL_END_TO_END=0 skip the end-to-end check of the optimized model (model_choice.py)
+    METAL_ACCEL_PRECISION    eager (default: as strict as eager under PyTorch's flags) or compile (torch.compile's check)
+    METAL_ACCEL_COMPILE_TIMEOUT_S  seconds the torch.compile candidate's first compile may take (default 120)
     METAL_ACCEL_REVALIDATE   first-use (default) or optimize: when claimed verdicts are proven
     METAL_ACCEL_TRUST_NATIVE=1   run untrusted native kernels in this process (not in the kernel server)
     METAL_ACCEL_UNCONFINED=1     allow untrusted native code where no confinement layer applies
@@ -72,6 +74,8 @@ class Settings:
     margin: float = DEFAULT_MARGIN
     bench_budget_s: float = 1.0          # seconds of timing per speed gate
     timeout_s: float = DEFAULT_TIMEOUT_S
+    precision: str = "eager"             # eager: as strict as eager under PyTorch's flags; compile: torch.compile's check
+    compile_timeout_s: float = 120.0     # the torch.compile candidate's first compile, else eager stays
     end_to_end: bool = True              # time the optimized model whole against eager; drop what slows it
 
     @classmethod
@@ -91,6 +95,8 @@ class Settings:
             trust_native=_flag(env, "TRUST_NATIVE"), unconfined=_flag(env, "UNCONFINED"),
             mps_launcher=env.get(PREFIX + "MPS_LAUNCHER", "auto"),
             models=tuple(p.strip() for p in env.get(PREFIX + "MODELS", "").split(",") if p.strip()),
+            precision="compile" if env.get(PREFIX + "PRECISION") == "compile" else "eager",
+            compile_timeout_s=float(env.get(PREFIX + "COMPILE_TIMEOUT_S") or 120.0),
             cxx=env.get("CXX") or None, cuda_home=env.get("CUDA_HOME") or env.get("CUDA_PATH") or None)
 
     def with_(self, **changes: Any) -> "Settings":
