@@ -71,12 +71,17 @@ def test_each_contender_runs_right_after_each_other_equally_often():
 
 
 def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_rounds(monkeypatch):
-    seen: list[list[str]] = []
+    seen: list[dict] = []
     real = kp.interleave
-    monkeypatch.setattr(kp, "interleave", lambda fns, *a, **k: seen.append(list(fns)) or real(fns, *a, **k))
+    monkeypatch.setattr(kp, "interleave", lambda fns, *a, **k: seen.append(dict(fns)) or real(fns, *a, **k))
     (p,) = load_problems(FIXTURES / "level1" / "1_ReLU.py")
     row = kp.run_problem(p, [], backend="cpu", device="cpu", with_compile=False, budget_s=0.05)
-    assert seen == [["eager", "eager_again", "optimized"]]
+    (fns,) = seen
+    assert list(fns) == ["eager", "eager_again", "optimized"]
+    # eager is the model as the user had it, called directly (no wrapper the optimized model does not pay)
+    eager, again, optimized = fns.values()
+    assert type(eager) is type(again) is type(optimized) and len({id(eager), id(again), id(optimized)}) == 3
+    assert "forward" not in vars(eager) and "forward" not in vars(again)
     assert row.eager_again_us > 0 and row.self_noise is not None and 0 <= row.self_noise < 10
     assert row.self_noise == pytest.approx(abs(1 - row.eager_again_us / row.eager_us))
     assert row.samples >= 10
