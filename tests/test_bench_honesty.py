@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from itertools import permutations
+from itertools import pairwise, permutations
 from pathlib import Path
 
 import pytest
-import torch
 
 import metal_accel.kernelbench.problem as kp
-import metal_accel.kernelbench.sizes as sizes
+from metal_accel.kernelbench import sizes
 from metal_accel.kernelbench.problems import load_problems
 from metal_accel.kernelbench.report import markdown
 from metal_accel.kernelbench.result import Row, SuiteResult, call_counts
@@ -45,7 +44,7 @@ def _problem(tmp_path: Path, name: str, code: str):
 
 
 def _pairs(calls: list[str]) -> Counter:
-    return Counter((a, b) for a, b in zip(calls, calls[1:]) if a != b)
+    return Counter((a, b) for a, b in pairwise(calls) if a != b)
 
 
 # ---------------------------------------------------------------- order
@@ -54,7 +53,7 @@ def _pairs(calls: list[str]) -> Counter:
 def test_one_round_takes_every_ordered_pair_once(n):
     seq = balanced_sequence(n)
     closed = seq + seq[:1]  # the next round's first call closes the round
-    assert sorted(zip(closed, closed[1:])) == sorted(permutations(range(n), 2))
+    assert sorted(pairwise(closed)) == sorted(permutations(range(n), 2))
 
 
 def test_each_contender_runs_right_after_each_other_equally_often():
@@ -98,7 +97,7 @@ def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_round
 def test_the_cap_is_enforced_for_a_problem_the_meta_device_cannot_run(tmp_path):
     # 1536 x 1024 floats: a 6 MB input, no batch_size to shrink
     p = _problem(tmp_path, "5_NotOnMeta", NOT_ON_META.format(batch="", rows=1536))
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="meta"):
         sizes._on_meta(p)
     assert sizes.largest_tensor_mb(p) == pytest.approx(1536 * 1024 * 4 / 1e6)  # measured for real instead
     row = kp.run_problem(p, [], backend="cpu", device="cpu", max_tensor_mb=2.0, with_compile=False)

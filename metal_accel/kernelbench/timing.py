@@ -9,10 +9,12 @@ N - 1 samples of each.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 from ..backends.timing import TimingRejected, time_call
@@ -39,7 +41,7 @@ def balanced_sequence(n: int) -> list[int]:
 
 def predecessor_pairs(calls: Sequence[str]) -> Counter[tuple[str, str]]:
     """How often each contender ran right after each other in CALLS (a contender after itself not counted)."""
-    return Counter((a, b) for a, b in zip(calls, calls[1:]) if a != b)
+    return Counter((a, b) for a, b in pairwise(calls) if a != b)
 
 
 def interleave(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],
@@ -83,4 +85,6 @@ def side_by_side(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sy
 
 def self_noise(eager_s: float, again_s: float) -> float:
     """How far two timings of the same function disagree: |1 - again / eager| (0.05: 5%)."""
-    return abs(1.0 - again_s / eager_s) if eager_s and eager_s == eager_s and again_s == again_s else float("nan")
+    if not eager_s or math.isnan(eager_s) or math.isnan(again_s):
+        return float("nan")
+    return abs(1.0 - again_s / eager_s)
