@@ -193,7 +193,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         return Evaluation(cand, Verdict(env, True, reason, cand.digest, None, None, None, details), op)
     t2 = time.perf_counter()
 
-    check = spot_check(inputs, float64_reference(module, original))
+    check = spot_check(inputs, float64_reference(module, original), result.precision)
     flush = cache_flusher(device) if settings.flush_cache else None
 
     def timed(candidate_op: Any) -> BenchResult:
@@ -264,14 +264,16 @@ def streamed_proof(plan: TrialPlan, device: torch.device, run_trials: RunTrials,
         second = run_and_judge(trial_batches(trial_plan(plan[0][0], PERTURBED_DISTS), device, copies=copies,
                                              max_bytes=max_bytes), run_trials, Judge(reference, ref64))
     if isinstance(second, str):
-        return ValidationResult(False, f"with random module state: {second}", first.trials)
+        return ValidationResult(False, f"with random module state: {second}", first.trials, precision=first.precision)
     if second.ok or second.degenerate:
         reason = (f"{first.reason.split(':')[0]} at the module's own state; with random parameters and buffers: "
                   + (second.reason if second.ok else "still degenerate, so no kernel can be proven correct"))
         return ValidationResult(second.ok, reason, first.trials + second.trials, second.max_abs_err,
-                                second.max_norm_err, second.mismatch_fraction, second.details, not second.ok)
+                                second.max_norm_err, second.mismatch_fraction, second.details, not second.ok,
+                                second.precision)
     return ValidationResult(False, f"with random module state: {second.reason}", first.trials + second.trials,
-                            second.max_abs_err, second.max_norm_err, second.mismatch_fraction)
+                            second.max_abs_err, second.max_norm_err, second.mismatch_fraction,
+                            precision=second.precision)
 
 
 def sweep_limit(spec: InputSpec) -> int:
@@ -358,4 +360,6 @@ def declares_shape_generic(code: str) -> bool:
 
 
 def _validation_details(result: ValidationResult) -> dict[str, Any]:
-    return {"trials": result.trials, "max_abs_err": result.max_abs_err, "max_norm_err": result.max_norm_err}
+    """The verdict's record of the proof: trials, worst errors, the precision rule and any in-place input."""
+    return {"trials": result.trials, "max_abs_err": result.max_abs_err, "max_norm_err": result.max_norm_err,
+            **{k: result.details[k] for k in ("precision", "inplace") if k in result.details}}

@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from ..core.specs import InputSpec
+from ..core import config
 from .compare import Mismatch, compare_output
+from .precision import FLOAT32_DEFAULT, PrecisionRule, recorded_call, rule_for
 from .testdata import (
     DISTRIBUTIONS,
     EXTREMES,
@@ -44,6 +46,7 @@ class ValidationResult:
     mismatch_fraction: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
     degenerate: bool = False  # every trial also passed with a trivial output: not a proof (see perturb.py)
+    precision: PrecisionRule | None = None  # the rule the outputs were judged by (precision.py)
 
 
 @dataclass
@@ -135,8 +138,9 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
 
     Checked here, next to the candidate, after every call: no byte written outside any buffer the host
     code allocated or outside an input (each is fenced by guard regions, trial_buffers.py), inputs and
-    state bit-identical, outputs fresh tensors that alias nothing; a repeated call gives bit-identical
-    outputs. The candidate gets fenced copies of ARGS and KWARGS (the originals are the reference for
+    state bit-identical, outputs fresh tensors that alias nothing but maybe an input (the judge allows it where
+    eager's output aliases that input too); a repeated call gives bit-identical outputs. The values of
+    inputs it changed come back (`inputs_after`), to be judged against eager's own change of them. The candidate gets fenced copies of ARGS and KWARGS (the originals are the reference for
     "unchanged"), and its allocations get this call's fill (next_fill: plain, noise or leftover); the
     repeat always gets fresh noise, so an element left unwritten differs between the two calls.
     """
@@ -168,13 +172,17 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
     if bad:
         return {"error": f"forward returned {', '.join(bad)} where tensors were expected"}
     result["inputs_changed"], result["state_changed"] = changed()
-    protected = {t.untyped_storage().data_ptr() for t in (*inputs, *state) if t.numel()}
+    result["inputs_after"] = {i: inputs[i].detach().clone() for i in result["inputs_changed"]}
+    input_ptrs = {t.untyped_storage().data_ptr(): j for j, t in enumerate(inputs) if t.numel()}
+    protected = {t.untyped_storage().data_ptr() for t in state if t.numel()}
     seen: set[int] = set()
-    result["alias"] = ""
+    result["alias"], result["input_aliases"] = "", []
     for i, o in enumerate(outs):
         p = o.untyped_storage().data_ptr() if o.numel() else None
         if p is not None and p in protected:
-            result["alias"] = f"output {i} shares memory with an input or a parameter"
+            result["alias"] = f"output {i} shares memory with a parameter"
+        elif p is not None and p in input_ptrs:
+            result["input_aliases"].append([i, input_ptrs[p]])
         elif p is not None and p in seen:
             result["alias"] = f"output {i} shares memory with another output"
         if p is not None:
@@ -196,15 +204,15 @@ def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[tor
     return result
 
 
-def _passes(out: torch.Tensor, ref: torch.Tensor) -> bool:
+def _passes(out: torch.Tensor, ref: torch.Tensor, rule: PrecisionRule) -> bool:
     try:
-        compare_output(out, ref, "trivial", first_failure=True)
+        compare_output(out, ref, "trivial", first_failure=True, rule=rule)
         return True
     except Mismatch:
         return False
 
 
-def trivial_outputs(trial: Trial, refs: tuple) -> list[str]:
+def trivial_outputs(trial: Trial, refs: tuple, rule: PrecisionRule = FLOAT32_DEFAULT) -> list[str]:
     """Names of trivial answers (zeros, ones, an input copy) that would pass this trial."""
     def guesses(r: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:  # one at a time: each is as large as r
         yield "zeros", torch.zeros_like(r)
@@ -217,7 +225,7 @@ def trivial_outputs(trial: Trial, refs: tuple) -> list[str]:
         if not isinstance(r, torch.Tensor):
             continue
         for name, g in guesses(r):
-            if _passes(g, r):
+            if _passes(g, r, rule):
                 passing.append(f"output {i} = {name}")
             del g  # before the next guess is made
     return passing
@@ -225,10 +233,19 @@ def trivial_outputs(trial: Trial, refs: tuple) -> list[str]:
 
 class Judge:
     """Compares trials' candidate results with eager (and float64) references computed here, one
-    trial at a time as they come; `result()` is the verdict once every trial has passed."""
+    trial at a time as they come; `result()` is the verdict once every trial has passed.
 
-    def __init__(self, reference: Forward, reference64: Forward | None = None) -> None:
+    The precision rule (precision.py) is PRECISION's ("eager" or "compile"; default: the settings'),
+    made from the float32 ops eager's first call runs and the user's flags now. Eager runs on a copy
+    of the first trial's inputs: where it changes an input in place, the candidate must leave that input
+    as eager leaves it (later trials are then copied too); an input eager leaves alone must stay as it was.
+    """
+
+    def __init__(self, reference: Forward, reference64: Forward | None = None, precision: str | None = None) -> None:
         self.reference, self.reference64 = reference, reference64
+        self.precision = precision or config.current().precision
+        self.rule: PrecisionRule | None = None
+        self.eager_inplace: bool | None = None  # None until the first trial shows whether eager changes inputs
         self.count = 0
         self.strong = 0
         self.weak: list[str] = []
@@ -245,27 +262,27 @@ class Judge:
             self._check(trial, res, label)
         except Mismatch as exc:
             return ValidationResult(False, f"{label}: {exc}", n, worst["max_abs_err"], worst["norm_err"],
-                                    worst["mismatch_fraction"])
+                                    worst["mismatch_fraction"], precision=self.rule)
         self.count += 1
         return None
 
     def _check(self, trial: Trial, res: dict[str, Any], label: str) -> None:
         if res.get("out_of_bounds"):
             raise Mismatch(res["out_of_bounds"])
-        if res["inputs_changed"]:
-            raise Mismatch(f"input {res['inputs_changed'][0]} was modified by the candidate")
         if res["state_changed"]:
             raise Mismatch(f"parameter/buffer {res['state_changed'][0]} was modified by the candidate")
         if res["alias"]:
             raise Mismatch(res["alias"])
-        refs = _as_tuple(self.reference(*trial.ref_args, **trial.ref_kwargs))
+        refs, eager_after, eager_aliases = self._eager(trial)
+        _check_inputs(res, eager_after, eager_aliases)
         refs64 = functools.cache(lambda: _reference64(self.reference64, trial))
         outs = res["outputs"]
         if len(outs) != len(refs):
             raise Mismatch(f"{len(outs)} outputs, eager returns {len(refs)}")
+        assert self.rule is not None
         for i, (o, r) in enumerate(zip(outs, refs)):
             o = o.to(r.device) if res["devices"][i] == str(r.device) else o
-            stats = _compare_or_float64(o, r, f"output {i}", refs64, i)
+            stats = _compare_or_float64(o, r, f"output {i}", refs64, i, self.rule)
             if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
                     [s for s, d in zip(r.stride(), r.shape) if d > 1]:
                 raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")
@@ -279,19 +296,80 @@ class Judge:
                                "shows this way)")
         if trial.dist != SPECIAL:
             self.strong += 1
-            trivial = trivial_outputs(trial, refs)
+            trivial = trivial_outputs(trial, refs, self.rule)
             if trivial:
                 self.weak.append(f"{label}: {trivial[0]}")
+
+    def _eager(self, trial: Trial) -> tuple[tuple, dict[int, torch.Tensor], dict[int, int]]:
+        """Eager's outputs on the trial's reference inputs, the inputs it changed in place (index -> value
+        after) and its outputs that alias an input (output -> input). Where eager may change inputs, it runs
+        with their values saved and put back after, so every later reference sees the trial's inputs."""
+        tensors = tensors_of(trial.ref_args, trial.ref_kwargs)
+        saved = [t.clone() for t in tensors] if self.eager_inplace is not False else None
+        if self.rule is None:
+            out, ops = recorded_call(self.reference, trial.ref_args, trial.ref_kwargs)
+            self.rule = rule_for(ops, self.precision)
+        else:
+            out = self.reference(*trial.ref_args, **trial.ref_kwargs)
+        refs = _as_tuple(out)
+        ptrs = {t.untyped_storage().data_ptr(): j for j, t in enumerate(tensors) if t.numel()}
+        aliases = {i: ptrs[r.untyped_storage().data_ptr()] for i, r in enumerate(refs)
+                   if isinstance(r, torch.Tensor) and r.numel() and r.untyped_storage().data_ptr() in ptrs}
+        if saved is None:
+            return refs, {}, aliases
+        changed = [j for j, (b, t) in enumerate(zip(saved, tensors)) if not torch.equal(_bits(b), _bits(t))]
+        if self.eager_inplace is None:
+            self.eager_inplace = bool(changed)
+        if changed:  # outputs that alias a changed input keep eager's values when the input is put back
+            refs = tuple(r.clone() if i in aliases else r for i, r in enumerate(refs))
+        after = {j: tensors[j].clone() for j in changed}
+        for j in changed:
+            tensors[j].copy_(saved[j])
+        return refs, after, aliases
 
     def result(self) -> ValidationResult:
         """The verdict after every trial passed: a proof, or degenerate where a trivial output passed them all."""
         if self.strong and len(self.weak) == self.strong:
             return ValidationResult(False, "degenerate problem: on every trial a trivial output would pass "
                                     f"({self.weak[0]}), so no kernel can be proven correct", self.count,
-                                    degenerate=True)
+                                    degenerate=True, precision=self.rule)
         worst = self.worst
+        details: dict[str, Any] = {"weak_trials": self.weak}
+        if self.rule is not None:
+            details["precision"] = self.rule.describe()
+        if self.eager_inplace:
+            details["inplace"] = "eager changes its input in place; the candidate changed it the same way"
         return ValidationResult(True, f"matched eager on {self.count} trials", self.count, worst["max_abs_err"],
-                                worst["norm_err"], worst["mismatch_fraction"], {"weak_trials": self.weak})
+                                worst["norm_err"], worst["mismatch_fraction"], details, precision=self.rule)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exactly equal, NaN as NaN (its payload aside) and -0 as 0."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan])
+
+
+def _check_inputs(res: dict[str, Any], eager_after: dict[int, torch.Tensor], eager_aliases: dict[int, int]) -> None:
+    """The candidate's inputs left as eager leaves them: each input eager changes in place changed exactly as
+    eager changed it, every other input unchanged; an output may alias an input only where eager's does."""
+    changed = set(res["inputs_changed"])
+    for j in sorted(changed - set(eager_after)):
+        raise Mismatch(f"input {j} was modified by the candidate")
+    for j in sorted(set(eager_after) - changed):
+        raise Mismatch(f"input {j} is changed in place by eager, but the candidate left it as it was")
+    after = res.get("inputs_after", {})
+    for j in sorted(changed):
+        got = after.get(j)
+        if got is None or not _same_values(got.to(eager_after[j].device), eager_after[j]):
+            raise Mismatch(f"input {j} is changed in place by eager, and the candidate changed it otherwise")
+    for i, j in res.get("input_aliases", []):
+        if eager_aliases.get(i) != j:
+            raise Mismatch(f"output {i} shares memory with input {j}" + (", as eager's does not" if i not in
+                           eager_aliases else f", where eager's shares memory with input {eager_aliases[i]}"))
 
 
 def judge(trials: Sequence[Trial], results: Sequence[dict[str, Any]], reference: Forward,
@@ -331,10 +409,14 @@ def _run_batch(batch: list[Trial], run: RunTrials, judge_: Judge) -> ValidationR
     return None
 
 
-def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | None = None) -> Any:
+def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | None = None,
+               rule: PrecisionRule | None = None) -> Any:
     """A bench.Check for outputs taken while timed: each matches eager within tolerance or, where that
     fails and a float64 reference exists, by the rule validation used (its float64 outputs are computed
-    once per input set), so an ill-conditioned output is held to the proof's standard, no stricter."""
+    once per input set), so an ill-conditioned output is held to the proof's standard, no stricter. RULE:
+    the proof's precision rule (ValidationResult.precision); without one, float32's tolerance, or
+    torch.compile's check where the settings ask for it."""
+    rule = rule or (PrecisionRule("compile") if config.current().precision == "compile" else FLOAT32_DEFAULT)
     @functools.cache
     def refs64(which: int) -> tuple | None:
         args, kwargs = input_sets[which]
@@ -345,27 +427,32 @@ def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | 
         if len(ks) != len(es):
             raise Mismatch(f"{label}: {len(ks)} outputs, eager returns {len(es)}")
         for i, (k, e) in enumerate(zip(ks, es)):
-            _compare_or_float64(k, e, f"{label}, output {i}", lambda: refs64(which), i)
+            _compare_or_float64(k, e, f"{label}, output {i}", lambda: refs64(which), i, rule)
     return check
 
 
 def _compare_or_float64(out: Any, ref: torch.Tensor, where: str, refs64: Callable[[], tuple | None],
-                        i: int) -> dict[str, float]:
-    """compare_output, and where the plain check fails, again by the float64 rule (which only ever passes
-    more): REFS64 (the float64 outputs, None where there are none) is run only then."""
+                        i: int, rule: PrecisionRule = FLOAT32_DEFAULT) -> dict[str, float]:
+    """compare_output by RULE, and where the plain check fails, again by the float64 rule (which only ever
+    passes more): REFS64 (the float64 outputs, None where there are none) is run only then. A failure
+    names the precision rule."""
     try:
-        return compare_output(out, ref, where)
-    except Mismatch:
+        return compare_output(out, ref, where, rule=rule)
+    except Mismatch as plain:
         exact = refs64()
-        if not exact:
-            raise
-        return compare_output(out, ref, where, exact[i])
+        try:
+            if not exact:
+                raise
+            return compare_output(out, ref, where, exact[i], rule=rule)
+        except Mismatch as exc:
+            raise Mismatch(f"{exc} [precision rule {rule.describe()}]") from plain
 
 
 def _reference64(reference64: Forward | None, trial: Trial) -> tuple | None:
     if reference64 is None:
         return None
-    up = lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+    # a copy even of float64 tensors: a module that changes its input in place must not change the trial's
+    up = lambda v: v.to(torch.float64, copy=True) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
     try:
         return _as_tuple(reference64(*[up(a) for a in trial.ref_args],
                                      **{k: up(v) for k, v in trial.ref_kwargs.items()}))
