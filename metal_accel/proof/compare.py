@@ -15,9 +15,15 @@ from typing import Any, Iterator
 
 import torch
 
-from .precision import COMPILE_TOL, FLOAT32_DEFAULT, TOLERANCES, PrecisionRule, Tolerance
+from .precision import (
+    COMPILE_TOL,
+    FLOAT32_DEFAULT,
+    TOLERANCES,
+    PrecisionRule,
+    Tolerance,
+)
 
-__all__ = ["Mismatch", "Tolerance", "TOLERANCES", "compare_output"]
+__all__ = ["TOLERANCES", "Mismatch", "Tolerance", "compare_output"]
 
 
 EAGER_ERROR_QUANTILE = 0.99

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..core.specs import InputSpec
 from ..core import config
+from ..core.specs import InputSpec
 from .compare import Mismatch, compare_output
 from .precision import FLOAT32_DEFAULT, PrecisionRule, recorded_call, rule_for
 from .testdata import (
