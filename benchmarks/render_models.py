@@ -65,6 +65,12 @@ def _outputs_flag(row: dict, contender: str) -> str:
     return "" if out is None or out.get("ok") else " (outputs differ)"
 
 
+def _patched(row: dict) -> str:
+    """Where the import hook patched no class the model uses, import-alone runs eager's code: a noise gauge."""
+    return " (nothing patched)" if row.get("import_patched_classes") == [] and "import" in row.get(
+        "forward", {}).get("speedup_vs_eager", {}) else ""
+
+
 def section(results: list[dict]) -> str:
     """One table: each model and dtype on each device, the newest run's figures."""
     head = ["model", "dtype", "device", "optimize() vs eager", "vs torch.compile", "import alone vs eager",
@@ -90,7 +96,7 @@ def section(results: list[dict]) -> str:
             secs_s += f" (warm {row['optimize_warm_s']:.1f})"
         noise = fwd.get("self_noise")
         cells = [row.get("model", "?"), row.get("dtype", "?"), _device(res), opt, _x(fwd.get("optimize_vs_compile")),
-                 _x(sp.get("import")) + _outputs_flag(row, "import"), dec_s, secs_s, _tokens(row),
+                 _x(sp.get("import")) + _outputs_flag(row, "import") + _patched(row), dec_s, secs_s, _tokens(row),
                  "–" if noise is None else f"{noise * 100:.1f}%"]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     notes = ("Forward latency of the whole model as it runs (blocks of back-to-back calls, one synchronization "
@@ -110,20 +116,34 @@ def _first_line(text: str, n: int = 240) -> str:
     return line[:n] + ("..." if len(line) > n else "")
 
 
-def _run_details(res: dict) -> list[str]:
-    v = res.get("versions", {})
-    out = [f"- command: `{res.get('command', '?')}`", f"- machine: {res.get('machine', '?')}",
-           f"- date: {str(res.get('date', '?'))[:16].replace('T', ' ')}",
-           "- versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "transformers", "torchvision", "timm")
-                                      if v.get(k)) + (f"; metal_accel {v['metal_accel_commit']}"
-                                                       if v.get("metal_accel_commit") else ""), ""]
+def _round_ratio_iqr(samples: dict) -> tuple[float, float] | None:
+    """The interquartile range of eager / eager_again, round by round: how far one round's comparison strays."""
+    import statistics
+    ratios = [a / b for a, b in zip(samples.get("eager", []), samples.get("eager_again", [])) if b]
+    if len(ratios) < 4:
+        return None
+    q = statistics.quantiles(ratios, n=4)
+    return q[0], q[2]
+
+
+def _run_details(runs: list[dict], rows: list[dict]) -> list[str]:
+    """One device: the runs its rows come from, then the rows' times, generate() figures and failures."""
+    out = []
+    for res in runs:
+        v = res.get("versions", {})
+        out += [f"- command: `{res.get('command', '?')}`",
+                f"  - machine: {res.get('machine', '?')}; date: {str(res.get('date', '?'))[:16].replace('T', ' ')}",
+                "  - versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "transformers", "torchvision", "timm")
+                                             if v.get(k)) + (f"; metal_accel {v['metal_accel_commit']}"
+                                                              if v.get("metal_accel_commit") else "")]
+    out.append("")
     head = ["model", "dtype", "class", "params (M)", "input", "eager ms", "compile ms", "optimize ms", "import ms",
-            "self-noise (round ratios)", "compile 1st call s", "optimize(): modules replaced"]
+            "self-noise (IQR of round ratios)", "compile 1st call s", "optimize(): modules replaced"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in res.get("rows", []):
+    for row in rows:
         fwd = row.get("forward", {})
         med = fwd.get("median_ms", {})
-        rng = fwd.get("self_ratio_range")
+        rng = _round_ratio_iqr(fwd.get("samples_ms", {}))
         noise = fwd.get("self_noise")
         noise_s = "–" if noise is None else f"{noise * 100:.1f}%" + (
             f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else "")
@@ -138,7 +158,7 @@ def _run_details(res: dict) -> list[str]:
                  _ms(med.get("optimize")), _ms(med.get("import")), noise_s,
                  _ms(row.get("compile_first_call_s")), repl]
         out.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
-    lms = [r for r in res.get("rows", []) if r.get("generate")]
+    lms = [r for r in rows if r.get("generate")]
     if lms:
         out += ["", "generate() (greedy, tokens/s: prefill / decode; identical: tokens equal eager's):", ""]
         names = ["eager", "compile", "optimize", "import"]
@@ -152,7 +172,7 @@ def _run_details(res: dict) -> list[str]:
             cells += ["–" if g.get("self_noise") is None else f"{g['self_noise'] * 100:.1f}%", _tokens(row)]
             out.append("| " + " | ".join(cells) + " |")
     why = []
-    for row in res.get("rows", []):
+    for row in rows:
         reasons = row.get("optimize", {}).get("eager_reasons", [])
         if reasons:
             why.append(f"- {row['model']} {row['dtype']}: " + "; ".join(f"{n}x {_first_line(r, 120)}"
@@ -160,30 +180,32 @@ def _run_details(res: dict) -> list[str]:
     if why:
         out += ["", "Why modules stayed eager (most common reasons, calls):", "", *why]
     errs = [f"- {row['model']} {row['dtype']}, {what}: {_first_line(text)}"
-            for row in res.get("rows", []) for what, text in row.get("errors", {}).items()]
+            for row in rows for what, text in row.get("errors", {}).items()]
     bad = [f"- {row['model']} {row['dtype']}, {k}: relative error {o['rel_err']:.2e} (max abs {o['max_abs']:.2e})"
-           for row in res.get("rows", []) for k, o in row.get("outputs", {}).items() if not o.get("ok")]
+           for row in rows for k, o in row.get("outputs", {}).items() if not o.get("ok")]
     if errs:
         out += ["", "Failures (full text in the run's JSON):", "", *errs]
     if bad:
         out += ["", "Outputs outside tolerance against eager:", "", *bad]
-    notes = [f"- {row['model']}: {n}" for row in res.get("rows", []) for n in row.get("notes", [])]
+    notes = [f"- {row['model']}: {n}" for row in rows for n in row.get("notes", [])]
     if notes:
         out += ["", *notes]
     return out
 
 
 def details(results: list[dict]) -> str:
-    """How the zoo is run and measured, then each device's newest run: times, generate(), failures."""
-    latest: dict[str, dict] = {}
-    for res in results:
-        latest[_device(res)] = res
+    """How the zoo is run and measured, then per device the newest row of each model and dtype: times,
+    generate(), why modules stayed eager, failures."""
+    by_device: dict[str, list[tuple[dict, dict]]] = {}
+    for res, row in _latest_rows(results):
+        by_device.setdefault(_device(res), []).append((res, row))
     out = [COMMANDS,
            "Contenders on copies of one model with the same random weights: eager (metal_accel's import hook off), "
            "whole-model `torch.compile` (inductor, default mode, on the model's forward, so generate() uses it "
            "too), `optimize()` with the library's defaults (shipped cache and torch.compile candidates, no LLM), "
            "and `import metal_accel` alone (its hook's patched classes, on for that contender's calls only). "
            "Outputs are compared with eager's by relative error norm (fp32 1e-4, fp16 1e-2, bf16 3e-2).", ""]
-    for dev, res in latest.items():
-        out += [f"#### {dev}", "", *_run_details(res), ""]
+    for dev, pairs in by_device.items():
+        runs = list({id(res): res for res, _ in pairs}.values())
+        out += [f"#### {dev}", "", *_run_details(runs, [row for _, row in pairs]), ""]
     return "\n".join(out).rstrip() + "\n"
