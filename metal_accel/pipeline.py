@@ -17,6 +17,7 @@ from .candidates.compile import (
     prove_candidate,
     supports_compile,
 )
+from .candidates.triage import compile_not_worth_it
 from .core import config
 from .core.candidate import Candidate, parse_candidate
 from .core.errors import MetalAccelError
@@ -124,7 +125,9 @@ class Pipeline:
         request = SynthesisRequest(call.module, class_path(type(call.module)), type(call.module).__name__,
                                    fingerprint, call.spec, call.output_spec, self.backend.name,
                                    self.backend.language, eager_us=rep.eager_us or 0.0)
-        evaluations = self._collect(call, key, request, rep, tried)
+        skip_compile = compile_not_worth_it(call.module, tuple(call.args), dict(call.kwargs)) \
+            if self._compiles else ""
+        evaluations = self._collect(call, key, request, rep, tried, skip_compile)
         if not evaluations and entry is not None:
             rep.reason = f"cached verdict: {entry.verdict_for(self.env).reason}" if entry.verdict_for(self.env) \
                 else "no kernel for this module and input spec"
@@ -134,6 +137,8 @@ class Pipeline:
         if not evaluations:
             rep.reason = "no kernel in the caches and no provider candidate" if not rep.rejected else \
                 "no candidate passed: " + rep.rejected[-1]
+            if not rep.rejected and skip_compile:  # nothing was proven: say why torch.compile was not
+                rep.reason = skip_compile
             return
         winners = sorted((e for e in evaluations if e.verdict.accepted), key=lambda e: -(e.verdict.speedup or 0))
         losers = [e for e in evaluations if not e.verdict.accepted]
@@ -160,11 +165,11 @@ class Pipeline:
             rep.reason = f"all {len(losers)} candidates rejected; best: {new.verdicts[self.env.id].reason}"
 
     def _collect(self, call: ModuleCall, key: str, request: SynthesisRequest, rep: ModuleReport,
-                 tried: set[Any]) -> list[Evaluation]:
+                 tried: set[Any], skip_compile: str = "") -> list[Evaluation]:
         """torch.compile first (its time and code become context), then every provider's candidates;
         interactive providers get each verdict back."""
         evaluations: list[Evaluation] = []
-        for kind in builtin_kinds(self.backend) if self.try_compile else []:
+        for kind in builtin_kinds(self.backend) if self.try_compile and not skip_compile else []:
             builtin = compile_candidate(self.backend, kind)
             if builtin.digest in tried:
                 continue
