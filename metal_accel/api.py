@@ -118,9 +118,15 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         return OptimizeReport(str(backend or "auto"), f"unavailable: {exc}")
     plan.set_model(model)
     report = OptimizeReport(be.name, be.environment().device_name)
-    for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress,
-                     leave=False):
-        report.modules.append(plan.process(call))
+    for i, call in enumerate(tqdm(calls, desc="metal_accel", unit="module",
+                                  disable=None if progress is None else not progress, leave=False)):
+        t0 = time.perf_counter()
+        rep = plan.process(call)
+        report.modules.append(rep)
+        # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
+        log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
+                 rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
+                 time.perf_counter() - t0)
     if now.end_to_end and report.kernels:
         try:
             e2e = prove_end_to_end(model, args, dict(example_kwargs or {}), report, be.synchronize,
