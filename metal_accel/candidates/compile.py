@@ -4,16 +4,24 @@ The candidate runs no code of its own: it is torch.compile (inductor, default mo
 graph, static shapes) of the module's own eager forward; on CUDA a second built-in candidate
 replays that compile as a CUDA graph (builtin_graph.py). A compile failure, graph break or failed
 capture is a rejection with its reason. Inductor's on-disk caches make a warm start cheap.
+
+The first call, which compiles, runs in a helper thread with a time limit (Settings.compile_timeout_s):
+past it the candidate is given up and eager stays. Python cannot stop a thread, so the abandoned compile
+runs on in the background: until it ends it holds CPU time, dynamo's compile lock and metal_accel's
+eager switch (every dispatcher runs eager meanwhile: correct, not faster), and no other torch.compile
+candidate is tried (each is rejected at once, saying why).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable
 
 import torch
 
 from ..backends.base import Backend
+from ..core import config
 from ..core.candidate import BUILTIN_CODES, Candidate
 from ..core.provider import Evaluation
 from ..core.specs import InputSpec, OutputSpec
@@ -99,6 +107,53 @@ class CompiledOp:
             exit_eager()
 
 
+_abandoned: list[threading.Thread] = []  # first compiles given up on that may still be running
+
+
+class CompileTimeout(Exception):
+    """The first compile ran past its limit; its thread was left running."""
+
+
+def first_call(op: CompiledOp, args: tuple, kwargs: dict, device: torch.device, limit_s: float) -> None:
+    """OP's first call (the compile) under inference mode, in a helper thread given LIMIT_S seconds (no limit
+    where LIMIT_S <= 0: on this thread); its exception re-raised here. CompileTimeout past the limit."""
+    def call() -> None:
+        with torch.inference_mode():
+            op(args, kwargs, [])
+    if limit_s <= 0:
+        call()
+        return
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            if device.type == "cuda":
+                with torch.cuda.device(device):
+                    call()
+            else:
+                call()
+        except Exception as exc:  # carried to the caller's thread
+            failure.append(exc)
+    thread = threading.Thread(target=run, name=f"metal_accel-{op.name}", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        _abandoned.append(thread)
+        raise CompileTimeout(f"torch.compile's first call ran past {limit_s:g} s (compile_timeout_s); given up, "
+                             "eager stays (the abandoned compile may still run in the background)")
+    if failure:
+        raise failure[0]
+
+
+def still_compiling() -> str:
+    """Why no torch.compile candidate can be tried now: an abandoned compile still running, else ''."""
+    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+    if not _abandoned:
+        return ""
+    return (f"not tried: an earlier torch.compile given up on ({_abandoned[0].name}) is still running in the "
+            "background and holds dynamo's compile lock")
+
+
 def generated_code(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
     """The code inductor generates for this call (Triton or C++), as LLM context; '' if unavailable."""
     try:
@@ -124,15 +179,20 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
         log.info("metal_accel: %s: torch.compile rejected: %s", call.name, reason)
         return Evaluation(cand, Verdict(env, False, reason, cand.digest, details=details or {}))
 
+    busy = still_compiling()
+    if busy:
+        return reject(busy)
     module = call.module
-    op: CompiledOp | GraphedOp = CompiledOp(module, f"compile_{key[:16]}")
+    compiled = CompiledOp(module, f"compile_{key[:16]}")
+    op: CompiledOp | GraphedOp = compiled
     device = next((a.device for a in (*call.args, *call.kwargs.values()) if isinstance(a, torch.Tensor)),
                   torch.device("cpu"))
     t0 = time.perf_counter()
     graphs = compiled_graphs()
     try:
-        with torch.inference_mode():
-            op(tuple(call.args), dict(call.kwargs), [])
+        first_call(compiled, tuple(call.args), dict(call.kwargs), device, config.current().compile_timeout_s)
+    except CompileTimeout as exc:
+        return reject(str(exc), {"timings": {"compile_s": time.perf_counter() - t0}})
     except Exception as exc:
         what = "graph break" if "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__ else "failed"
         return reject(f"torch.compile {what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
@@ -159,8 +219,10 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     log.info("metal_accel: %s: torch.compile: proof of %d trials took %.1f s", call.name, len(plan),
              time.perf_counter() - t0)
     assert not isinstance(result, str)  # run_trials reports a failing call in its results, never as a str
+    validation = {k: result.details[k] for k in ("precision", "inplace") if k in result.details}
     if not result.ok:
-        return reject(f"incorrect: {result.reason}")
+        return reject(f"incorrect: {result.reason}",
+                      {"validation": {"precision": result.precision.describe()}} if result.precision else None)
     probe = Dispatcher(module, original, strict=True)
     probe.honor_bypass = False
     probe.add(call.spec.signature(), op)  # type: ignore[arg-type]
@@ -168,11 +230,12 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     try:
         with torch.inference_mode(), eager_only():
             bench = compare_speed(original, probe, inputs, backend.synchronize, margin=margin, budget_s=budget_s,
-                                  check=spot_check(inputs, float64_reference(module, original)), timer=timer)
+                                  check=spot_check(inputs, float64_reference(module, original), result.precision),
+                                  timer=timer)
     except Exception as exc:
         return reject(f"failed while timed: {type(exc).__name__}: {exc}")
     log.info("metal_accel: %s: torch.compile: speed gate took %.1f s", call.name, time.perf_counter() - t1)
-    details = {"bench": bench.to_dict(), "timings": {"compile_s": compile_s}}
+    details = {"bench": bench.to_dict(), "timings": {"compile_s": compile_s}, "validation": validation}
     verdict = Verdict(env, bench.accepted, bench.reason, cand.digest, bench.speedup, bench.eager_us,
                       bench.kernel_us, details)
     return Evaluation(cand, verdict, op if bench.accepted else None, bench)  # type: ignore[arg-type]
