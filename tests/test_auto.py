@@ -17,7 +17,8 @@ from test_optimize import candidates, chain_report
 from toymodels import GOOD, Net
 from limits import HANG_S
 
-pytestmark = pytest.mark.needs_cxx
+# slow: cold subprocesses that import metal_accel, some with torch.compile
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx]
 HERE = Path(__file__).parent
 
 USE = """

@@ -69,6 +69,7 @@ def test_each_contender_runs_right_after_each_other_equally_often():
     assert all(Counter(timed)[n] == len(times[n]) for n in names)
 
 
+@pytest.mark.slow
 def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_rounds(monkeypatch):
     seen: list[dict] = []
     real = kp.interleave
@@ -105,6 +106,7 @@ def test_the_cap_is_enforced_for_a_problem_the_meta_device_cannot_run(tmp_path):
     assert "a 6 MB tensor exceeds --max-tensor-mb 2" in row.reason and "no batch_size" in row.reason
 
 
+@pytest.mark.slow
 def test_the_batch_is_halved_under_the_cap_for_a_problem_the_meta_device_cannot_run(tmp_path):
     p = _problem(tmp_path, "6_NotOnMetaBatched", NOT_ON_META.format(batch="batch_size = 1536\n", rows="batch_size"))
     assert kp.fit_batch(p, 2.0) == (1536, 384)  # 384 x 1024 floats: 1.6 MB

@@ -79,6 +79,7 @@ def test_rejected_constructs_name_what_was_found(tmp_path, source, found):
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in KERNELS_SRC.glob("*.py")))
+@pytest.mark.slow
 def test_shipped_cpu_kernels_pass(tmp_path, name):
     check(build(tmp_path, runpy.run_path(str(KERNELS_SRC / f"{name}.py"))["SOURCE"]
                 .replace('"ma_vecmath.h"', f'"{config.include_dir() / "ma_vecmath.h"}"')))
@@ -89,6 +90,7 @@ def test_syscall_bytes_inside_an_immediate_are_not_an_instruction(tmp_path):
     check(build(tmp_path, 'extern "C" void k(unsigned* o) { o[0] = 0x050f; }'))
 
 
+@pytest.mark.slow
 def test_toy_chain_and_stdlib_kernels_pass(tmp_path):
     check(build(tmp_path, GOOD.split('"""')[1], "chain"))
     check(build(tmp_path, '#include <vector>\n#include <algorithm>\n#include <cmath>\n'
@@ -97,6 +99,7 @@ def test_toy_chain_and_stdlib_kernels_pass(tmp_path):
                 "vec"))
 
 
+@pytest.mark.slow
 def test_emulator_runtime_passes_its_policy_but_not_the_cpus():
     from metal_accel.backends.mps_emu.backend import MpsEmuBackend
     lib = MpsEmuBackend().compile("#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x "

@@ -85,6 +85,7 @@ def test_wrong_lock_is_refused(bundle):
         metal_accel.load_cache(bundle.path, sha256="0" * 64)
 
 
+@pytest.mark.slow
 def test_unpinned_bundle_of_another_user_is_proven_here_before_it_runs(bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "config_of_the_app_user"))
     metal_accel.load_cache(bundle.path)
@@ -168,6 +169,7 @@ print([r.status for r in metal_accel.explain(m).modules if r.name == "chain"][0]
 """
 
 
+@pytest.mark.slow
 def test_eight_processes_write_one_cache_without_loss(tmp_path, isolated_user_cache):
     env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache)}
     procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(here=str(HERE)), str(i), str(tmp_path / f"c{i}"),

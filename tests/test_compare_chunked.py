@@ -119,6 +119,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in kB on Linux")
 def test_comparing_a_large_output_takes_a_fraction_of_its_size_in_temporaries():
     """Before chunking, comparing a 64 MB float32 output took 17x its size in float64 temporaries (and a 4 GB

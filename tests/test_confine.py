@@ -79,6 +79,7 @@ def test_describe_names_what_this_machine_supports():
         assert info["confined"] == (info["landlock_abi"] > 0 or str(info["seccomp"]).startswith("available"))
 
 
+@pytest.mark.slow
 @linux
 @needs_landlock
 @needs_seccomp

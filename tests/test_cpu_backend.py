@@ -124,6 +124,7 @@ def test_disk_cache_hit_in_process(user_cache):
     assert again.path == first.path and again.path.parent == user_cache / "build" / "cpu"
 
 
+@pytest.mark.slow
 def test_disk_cache_hit_in_subprocess_without_compiler(user_cache):
     CpuBackend().compile(FMA)
     code = textwrap.dedent("""

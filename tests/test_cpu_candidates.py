@@ -20,6 +20,9 @@ from metal_accel.cli.main import main
 from metal_accel.sandbox.host import check_host_code
 from metal_accel.sandbox.kernel_source import check_kernel_source
 
+# slow: proofs of every CPU benchmark candidate
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = sorted((ROOT / "benchmarks" / "candidates" / "cpu").glob("*.py"))
 SHRUNK_LEVEL1 = {"L1_45_Average_Pooling_2D": 64}  # proven with their spatial sizes shrunk to this (GB inputs)

@@ -19,6 +19,9 @@ from metal_accel.sandbox.host import check_host_code
 from metal_accel.sandbox.kernel_source import check_kernel_source
 from limits import HANG_S
 
+# slow: static checks and nvcc/NVRTC compiles of every CUDA benchmark candidate
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "benchmarks" / "candidates" / "cuda").glob("*.py")) + \
     sorted((ROOT / "kernels_src" / "cuda").glob("*.py"))

@@ -27,6 +27,9 @@ import torch
 
 from metal_accel.core.candidate import parse_candidate
 
+# slow: a CUDA benchmark candidate, emulated on the CPU
+pytestmark = pytest.mark.slow
+
 CANDIDATE = Path(__file__).resolve().parent.parent / "benchmarks" / "candidates" / "cuda" / "L1_90_cumprod.py"
 
 

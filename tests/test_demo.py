@@ -57,6 +57,7 @@ def _module(name: str, model: demo.TinyLlama) -> torch.nn.Module:
     return {"RMSNorm": block.norm1, "MLP": block.mlp, "Attention": block.attn, "DecoderBlock": block}[name]
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 @pytest.mark.parametrize("name", ["RMSNorm", "MLP", "Attention", "DecoderBlock"])
 def test_kernel_candidates_match_eager(name):

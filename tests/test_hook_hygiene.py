@@ -25,6 +25,9 @@ from metal_accel.core.keys import class_path, class_source_sha, entry_key, modul
 from metal_accel.core.specs import InputSpec, OutputSpec
 from limits import HANG_S
 
+# slow: cold subprocesses that import metal_accel, some with torch.compile
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 
 LAYER_NORM = '''SOURCE = r"""

@@ -11,7 +11,8 @@ from test_optimize import candidates, chain_report, run
 from toymodels import GOOD, HANG, RUNAWAY_ALLOC, SEGFAULT, TRAP, Net
 from limits import HANG_S
 
-pytestmark = pytest.mark.needs_cxx
+# slow: crashing and hanging candidates in worker subprocesses
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx]
 
 
 @pytest.mark.parametrize("text, why", [

@@ -65,6 +65,7 @@ def chain_args(rows: int = 4, n: int = 256) -> tuple:
     return torch.randn(rows, n), torch.linspace(0.5, 1.5, n), torch.empty(rows, n), rows, n, 0.125
 
 
+@pytest.mark.slow
 def test_remote_chain_is_bit_identical_to_in_process() -> None:
     cpu = get_backend("cpu")
     here, there = cpu.compile(CHAIN), RemoteLibrary(cpu, CHAIN)
@@ -88,6 +89,7 @@ def test_remote_checks_arguments_like_the_backend() -> None:
         there.chain(x.double(), s, out, rows, n, shift)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MpsEmuBackend().is_available(), reason="no C++ compiler")
 def test_remote_emulator_kernel_matches_in_process() -> None:
     emu = get_backend("mps-emu")
@@ -119,6 +121,7 @@ def test_overlapping_arguments_share_memory_as_in_process() -> None:
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_crash_raises_and_the_next_call_gets_a_fresh_server() -> None:
     there = RemoteLibrary(get_backend("cpu"), TRICKS)
     x, out = torch.ones(8), torch.zeros(8)
@@ -134,6 +137,7 @@ def test_crash_raises_and_the_next_call_gets_a_fresh_server() -> None:
     assert second is not None and second.pid != first.pid
 
 
+@pytest.mark.slow
 def test_hang_hits_the_time_limit() -> None:
     there = RemoteLibrary(get_backend("cpu"), TRICKS)
     there.time_limit_s = 2.0  # the kernel never returns: any limit is hit
@@ -184,6 +188,7 @@ def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+@pytest.mark.slow
 def test_refused_without_confinement(monkeypatch: pytest.MonkeyPatch) -> None:
     kernel_server.stop_server()
     monkeypatch.setattr(kernel_server.confine, "sufficient", lambda layers: False)
@@ -195,6 +200,7 @@ def test_refused_without_confinement(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------- policy
 
+@pytest.mark.slow
 def test_policy_untrusted_kernels_go_to_the_server() -> None:
     lib = native_policy.runtime_library(get_backend("cpu"), CHAIN)
     assert isinstance(lib, RemoteLibrary)

@@ -422,6 +422,7 @@ def _silu_entry() -> CacheEntry:
     return entry
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_emulator_proves_correctness_only_and_retargets_for_the_mac() -> None:
     entry = _silu_entry()
@@ -440,6 +441,7 @@ def test_emulator_proves_correctness_only_and_retargets_for_the_mac() -> None:
     assert again.key == real.key and again.verdicts.keys() == real.verdicts.keys()
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_a_real_device_proves_speed_before_installing_an_emulator_proven_kernel(
         fake_mps: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -279,6 +279,7 @@ def expected_ids(grid, group):
 
 # ---------------------------------------------------------------- grids and launch convention
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid,group", [((100,), (32,)), ((10, 7), (4, 3)), ((5, 4, 3), (2, 3, 2)), ((70,), (64,))])
 def test_grid_positions_and_nonuniform_last_groups(a, grid, group):
     out = torch.full((math.prod(grid) * 16,), 0xDEAD, dtype=torch.int32)
@@ -547,6 +548,7 @@ def test_cpp_errors_point_at_the_metal_source():
         MpsEmuBackend().compile(HEAD + "kernel void k(device float* o [[buffer(0)]]) {\n  o[0] = undefined_name;\n}\n")
 
 
+@pytest.mark.slow
 def test_disk_cache_hit_on_second_compile():
     src = HEAD + "kernel void fill(device int* o, constant int& v, uint i [[thread_position_in_grid]]) { o[i] = v; }\n"
     mps_emu.clear_memory_cache()

@@ -16,7 +16,8 @@ from metal_accel.store import cache as cache_mod
 from toymodels import GOOD, NO_COMPILE, RAISES, SANDBOX_ESCAPE, SLOW, UNWRITTEN_TAIL, WRONG, Chain, Net
 from limits import HANG_S
 
-pytestmark = pytest.mark.needs_cxx
+# slow: optimize() end to end: each test compiles and proves kernels
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx]
 KERNEL_TOL = {"rtol": 1e-4, "atol": 1e-4}  # validate.TOLERANCES for float32
 HERE = Path(__file__).parent
 

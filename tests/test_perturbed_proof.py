@@ -10,6 +10,9 @@ from metal_accel.proof.perturb import perturbed_values, swapped_state
 
 from test_optimize import candidates
 
+# slow: full proofs, one with torch.compile
+pytestmark = pytest.mark.slow
+
 
 class FreshNorm(nn.Module):
     """An eval-mode BatchNorm with the statistics it was built with: within rounding, y = x."""

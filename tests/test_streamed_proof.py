@@ -17,6 +17,9 @@ from metal_accel.proof.validate import Judge, run_and_judge, run_trial, spec_byt
 from test_optimize import candidates
 from test_perturbed_proof import NORM, FreshNorm, report
 
+# slow: full proofs of large inputs
+pytestmark = pytest.mark.slow
+
 SPEC = InputSpec.of((torch.randn(32, 32),))  # 4 KiB a trial
 
 

@@ -97,6 +97,7 @@ def test_summary_and_markdown():
 
 
 @pytest.mark.needs_cxx
+@pytest.mark.slow
 def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys, caplog):
     probs, cands = suite_dir
     out = tmp_path / "out"
@@ -119,6 +120,7 @@ def test_bench_cli_end_to_end_on_cpu(suite_dir, tmp_path, capsys, caplog):
     assert re.search(r"proof of \d+ trials took", logged)  # 8 or 9 trials, as the plan has structured rows
 
 
+@pytest.mark.slow
 def test_blocks_run_eagerly_and_have_cuda_sources():
     root = Path(__file__).resolve().parent.parent / "kernels_src" / "cuda"
     for name, module, make in blocks.shipped_blocks("cpu"):
@@ -163,6 +165,7 @@ def test_a_kernel_that_lost_only_to_torch_compile_counts_as_correct():
     assert _candidate_correct(row) is False
 
 
+@pytest.mark.slow
 def test_a_problem_whose_weights_would_not_fit_is_skipped_not_run(tmp_path, monkeypatch):
     import metal_accel.kernelbench.problem as sp
     import metal_accel.kernelbench.sizes as sizes

@@ -20,7 +20,8 @@ from llm_server import Reply, ScriptedLLM
 from toymodels import GOOD, NO_COMPILE, SLOW, WRONG, Chain
 from limits import HANG_S
 
-pytestmark = pytest.mark.needs_cxx
+# slow: synthesis end to end: each test compiles and proves LLM answers
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx]
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 SECRET = "sk-test-SECRET-0123456789"

@@ -106,6 +106,7 @@ def test_synth_command_without_models(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.needs_cxx
+@pytest.mark.slow
 def test_synth_command_on_a_problem(monkeypatch, tmp_path, capsys):
     (tmp_path / "poly.py").write_text(PROBLEM)
     with ScriptedLLM({"gpt-4o": [fence(poly_candidate())]}) as server:

@@ -97,6 +97,7 @@ def test_worked_examples_are_well_formed_candidates(language):
 
 @pytest.mark.needs_cxx
 @pytest.mark.parametrize("backend, example", [("cpu", "cpp"), ("mps-emu", "msl")], ids=["cpu", "emulated_msl"])
+@pytest.mark.slow
 def test_worked_example_is_correct(tmp_path, backend, example):
     """The prompt's example answers pass validation (the CUDA one was checked on an H100 the same way)."""
     if backend not in metal_accel.available_backends():
@@ -151,6 +152,7 @@ class GatedNormV2(GatedNorm):
     pass
 
 
+@pytest.mark.slow
 def test_references_from_the_caches():
     module = GatedNorm().eval()
     req = request_for(module, torch.randn(2, 8, 64))

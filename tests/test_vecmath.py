@@ -79,6 +79,7 @@ def dense_inputs() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(FUNCS))
+@pytest.mark.slow
 def test_accuracy_dense(lib, name):
     _, ref_fn, max_ulp = FUNCS[name]
     x = dense_inputs()
@@ -140,6 +141,7 @@ def test_exp_edges(lib):
     assert math.isfinite(got[5].item())
 
 
+@pytest.mark.slow
 def test_loops_vectorize(tmp_path):
     """GCC vectorizes a simd loop over each function with the backend's flags (no -ffast-math).
 

@@ -81,6 +81,7 @@ def assert_proven_and_rejected(model: Net, x: torch.Tensor) -> None:
     assert any("incorrect" in r for r in rep.rejected), rep.rejected
 
 
+@pytest.mark.slow
 def test_a_sealed_entry_of_this_user_installs_without_proof():
     """The control: the seal is what makes a verdict proof (the negative tests below can fail)."""
     model, x, key, spec, out = chain_call()
@@ -91,6 +92,7 @@ def test_a_sealed_entry_of_this_user_installs_without_proof():
     assert rep.status == "kernel" and rep.source == "cache:user", rep
 
 
+@pytest.mark.slow
 def test_edited_kernel_with_recomputed_digest_is_proven_not_installed():
     model, x, key, spec, out = chain_call()
     path = seal_as_mine(GOOD, key, spec, out)
@@ -126,6 +128,7 @@ def test_edited_kind_or_backend_is_detected():
         assert cache_mod.user_cache().get("cpu", key) is None, field
 
 
+@pytest.mark.slow
 def test_verdict_copied_from_another_users_cache_is_not_trusted(tmp_path, monkeypatch):
     model, x, key, spec, out = chain_call()
     theirs = seal_as_mine(WRONG, key, spec, out)  # sealed by "them": their key claims the wrong kernel passed
@@ -176,6 +179,7 @@ def test_rehashed_bundle_verifies_only_as_self_consistent(rehashed_bundle):
     assert pinned.pinned is False and not pinned.clean
 
 
+@pytest.mark.slow
 def test_rehashed_bundle_loaded_unpinned_is_proven_before_use(rehashed_bundle):
     root, _, key = rehashed_bundle
     metal_accel.load_cache(root)
@@ -190,6 +194,7 @@ def test_rehashed_bundle_pinned_to_the_original_lock_is_refused(rehashed_bundle)
         metal_accel.load_cache(root, sha256=original)
 
 
+@pytest.mark.slow
 def test_import_does_not_seal_a_bundles_verdicts(rehashed_bundle, capsys):
     root, _, key = rehashed_bundle
     assert main(["cache", "import", str(root)]) == 0
@@ -200,6 +205,7 @@ def test_import_does_not_seal_a_bundles_verdicts(rehashed_bundle, capsys):
     assert_proven_and_rejected(model, x)
 
 
+@pytest.mark.slow
 def test_cache_clear_leaves_no_file_in_the_user_cache(tmp_path, isolated_user_cache, capsys):
     model, x, key, spec, out = chain_call()
     seal_as_mine(GOOD, key, spec, out)

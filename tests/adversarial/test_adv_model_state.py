@@ -57,6 +57,7 @@ def assert_same_state(model: nn.Module, before: dict[str, torch.Tensor]) -> None
     assert not changed, f"changed by optimize(): {changed}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_candidate", [False, True])
 def test_train_mode_model_is_untouched_by_optimize_and_restore(tmp_path, with_candidate):
     model = bn_model()
@@ -76,6 +77,7 @@ def test_train_mode_model_is_untouched_by_optimize_and_restore(tmp_path, with_ca
     assert all(m.training for m in model.modules())
 
 
+@pytest.mark.slow
 def test_an_installed_kernel_runs_only_in_eval_mode(tmp_path):
     model, x = Net().train(), torch.randn(4, 256)
     with pytest.warns(UserWarning, match="training mode"):
@@ -163,6 +165,7 @@ def test_bit_equal_sees_nan_payloads_and_signed_zeros():
     assert not torch.equal(a, a.clone())  # why torch.equal alone will not do: NaN != NaN
 
 
+@pytest.mark.slow
 def test_grad_mode_is_reported_and_warned(tmp_path):
     model, x = Net().eval(), torch.randn(4, 256)
     metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, GOOD)], progress=False)

@@ -56,6 +56,7 @@ NAN_ONLY = chain_candidate(_CHAIN_BODY.replace("out[r * n + i] = v;",
                                                "out[r * n + i] = std::isnan(out[r * n + i]) ? v : v + 1.0f;"))
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_a_kernel_correct_only_on_nan_poisoned_outputs_is_rejected(tmp_path):
     assert_rejected(attack(tmp_path, NAN_ONLY), "incorrect")
@@ -132,6 +133,7 @@ EXAMPLE_ONLY = chain_candidate(_CHAIN_BODY.replace(
     "out[r * n + i] = v;", f"out[r * n + i] = x[0] == {SENTINEL[0]}f && x[1] == {SENTINEL[1]}f ? v + 1.0f : v;"))
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_a_kernel_wrong_only_on_the_callers_own_values_is_caught_while_timed(tmp_path):
     """Random trials never hold the caller's values; the speed gate's input sets are copies of them."""
@@ -147,6 +149,7 @@ PADDED_WRONG = chain_candidate(
     extra="    bool lead = n >= 16;\n    for (int64_t k = 0; k < 16 && k < n; ++k) lead = lead && x[r * n + k] == 0.0f;\n")
 
 
+@pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_a_kernel_wrong_on_rows_starting_with_16_zeros_is_rejected(tmp_path):
     assert_rejected(attack(tmp_path, PADDED_WRONG), "incorrect", "structured inputs")
@@ -196,6 +199,7 @@ def _oob(statement: str) -> str:
     ("out[-1] = 1.0f;", "wrote outside its output buffer (1 element before the start of output 0)"),
     ("((float*)x)[rows * n] = 1.0f;", "wrote outside its input buffer (1 element after the end of input 0)"),
 ])
+@pytest.mark.slow
 def test_a_one_float_write_outside_a_buffer_is_rejected(tmp_path, statement, where):
     assert_rejected(attack(tmp_path, _oob(statement)), where)
 
