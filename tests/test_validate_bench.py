@@ -124,9 +124,10 @@ def _sleeper(seconds):
 
 def test_bench_accepts_a_clear_win_and_rejects_a_loss():
     inputs = [((), {})]
-    win = compare_speed(_sleeper(0.004), _sleeper(0.001), inputs, min_reps=10, max_reps=20)
+    # 8x apart: a sleep that oversleeps by milliseconds on a busy machine still leaves a clear win
+    win = compare_speed(_sleeper(0.008), _sleeper(0.001), inputs, min_reps=10, max_reps=20)
     assert win.accepted and win.speedup > 2
-    loss = compare_speed(_sleeper(0.001), _sleeper(0.002), inputs, min_reps=10, max_reps=20)
+    loss = compare_speed(_sleeper(0.001), _sleeper(0.004), inputs, min_reps=10, max_reps=20)
     assert not loss.accepted and "not faster" in loss.reason
     tie = compare_speed(_sleeper(0.002), _sleeper(0.002), inputs, min_reps=10, max_reps=20)
     assert not tie.accepted
