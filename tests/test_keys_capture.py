@@ -92,7 +92,7 @@ def test_capture_rejects_non_tensor_outputs_and_user_hooks():
             self.lin = nn.Linear(4, 4)
 
         def forward(self, x):
-            return {"y": self.lin(x)}
+            return {"y": self.lin(x), "step": 1}  # a dict of tensors is replaceable; a number among outputs is not
 
     model = Wrap()
     model.lin.register_forward_hook(lambda m, a, o: None)

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Union
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Union
 
 import torch
+from torch.utils import _pytree
 
 from .errors import MetalAccelError
 
 _SCALARS = (bool, int, float, str, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
+_NODES = _pytree.SUPPORTED_NODES  # live: classes registered later (ModelOutput subclasses) are seen
+_BUILTIN_NODES = {"tuple": tuple, "list": list, "dict": dict}
 
 
 class UnsupportedCall(MetalAccelError):
@@ -79,20 +84,195 @@ class ScalarSpec:
         return repr(self.value)
 
 
-ArgSpec = Union[TensorSpec, ScalarSpec]
+def _resolve(kind: str) -> type:
+    """The class a StructSpec names: a builtin container or "module:qualname"."""
+    if kind in _BUILTIN_NODES:
+        return _BUILTIN_NODES[kind]
+    module, _, qualname = kind.partition(":")
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type):
+        raise UnsupportedCall(f"container class {kind} is not importable here")
+    return obj
+
+
+def _kind_of(cls: type) -> str:
+    for name, klass in _BUILTIN_NODES.items():
+        if cls is klass:
+            return name
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _is_node(cls: type) -> bool:
+    """Whether values of CLS are containers metal_accel looks into: tuple, list, dict, a namedtuple, or a
+    class registered with torch.utils._pytree (transformers' ModelOutput dataclasses register themselves)."""
+    return cls in _NODES or _is_namedtuple(cls)
+
+
+def _children(value: Any, cls: type) -> tuple[Any, Any]:
+    """(children, context) of a container value, in torch.utils._pytree's order."""
+    if cls is tuple or cls is list or _is_namedtuple(cls):
+        return value, None
+    if cls is dict:
+        return value.values(), tuple(value)
+    children, context = _NODES[cls].flatten_fn(value)
+    return children, _freeze(context)
+
+
+def _freeze(value: Any) -> Any:
+    """Lists as tuples, recursively: a container's context as part of a hashable signature."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _json_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_json_plain(v) for v in value)
+    return isinstance(value, _SCALARS)
+
+
+@dataclass(frozen=True)
+class StructSpec:
+    """A container argument or output (tuple, list, dict, namedtuple, or a torch.utils._pytree node such
+    as a ModelOutput): its class, its context (dict keys, field names) and the spec of each child. The
+    structure is part of the key; the tensors are the leaves, in pytree order."""
+
+    kind: str                       # "tuple", "list", "dict", or "module:qualname"
+    context: Any                    # hashable: None, or scalars and tuples of them (keys of a dict)
+    items: tuple["ArgSpec", ...]
+    cls: type | None = field(default=None, compare=False, repr=False)   # resolved lazily from `kind`
+    raw_context: Any = field(default=None, compare=False, repr=False)   # the context as flatten gave it
+
+    @property
+    def node_class(self) -> type:
+        return self.cls if self.cls is not None else _resolve(self.kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"tensor": False, "struct": self.kind, "items": [i.to_dict() for i in self.items]}
+        if self.context is not None:
+            d["context"] = _thaw(self.context)
+        return d
+
+    def signature(self) -> tuple:
+        return (self.node_class, self.context, tuple(_spec_signature(i) for i in self.items))
+
+    def build(self, leaf: Callable[[TensorSpec], Any]) -> Any:
+        """A value of this structure: LEAF(spec) for each tensor, scalars and None as recorded."""
+        children = [_build(i, leaf) for i in self.items]
+        cls = self.node_class
+        if cls is tuple or cls is list:
+            return cls(children)
+        if _is_namedtuple(cls):
+            return cls(*children)
+        if cls is dict:
+            return dict(zip(self.context, children))
+        context = self.raw_context if self.raw_context is not None else _thaw(self.context)
+        return _NODES[cls].unflatten_fn(children, context)
+
+    def describe(self) -> str:
+        inner = [i.describe() for i in self.items]
+        if self.kind == "tuple":
+            return f"({', '.join(inner)}{',' if len(inner) == 1 else ''})"
+        if self.kind == "list":
+            return f"[{', '.join(inner)}]"
+        keys = self.context if isinstance(self.context, tuple) and len(self.context) == len(inner) else None
+        body = ", ".join(f"{k}={v}" for k, v in zip(keys, inner)) if keys else ", ".join(inner)
+        return f"{{{body}}}" if self.kind == "dict" else f"{self.kind.rpartition(':')[2]}({body})"
+
+
+ArgSpec = Union[TensorSpec, ScalarSpec, StructSpec]
+
+
+def _build(spec: ArgSpec, leaf: Callable[[TensorSpec], Any]) -> Any:
+    if isinstance(spec, TensorSpec):
+        return leaf(spec)
+    if isinstance(spec, StructSpec):
+        return spec.build(leaf)
+    return spec.value
+
+
+def _tensor_leaves(spec: ArgSpec) -> list[TensorSpec]:
+    if isinstance(spec, TensorSpec):
+        return [spec]
+    if isinstance(spec, StructSpec):
+        return [t for i in spec.items for t in _tensor_leaves(i)]
+    return []
+
+
+def _map_tensors(spec: ArgSpec, fn: Callable[[TensorSpec], TensorSpec]) -> ArgSpec:
+    if isinstance(spec, TensorSpec):
+        return fn(spec)
+    if isinstance(spec, StructSpec):
+        return replace(spec, items=tuple(_map_tensors(i, fn) for i in spec.items))
+    return spec
+
+
+def _collect(spec: ArgSpec, value: Any, out: list[torch.Tensor]) -> None:
+    """Append VALUE's tensors to OUT in the order of SPEC's leaves (VALUE matches SPEC's signature)."""
+    if isinstance(spec, TensorSpec):
+        out.append(value)
+    elif isinstance(spec, StructSpec):
+        children, _ = _children(value, type(value))
+        for s, v in zip(spec.items, children):
+            _collect(s, v, out)
 
 
 def _arg_spec(value: Any, where: str) -> ArgSpec:
     if isinstance(value, torch.Tensor):
         return TensorSpec.of(value)
+    cls = type(value)
+    if (cls is tuple or cls is list or cls is torch.Size) and all(type(v) in _SCALAR_TYPES for v in value):
+        return ScalarSpec(tuple(value))
     if isinstance(value, _SCALARS):
         return ScalarSpec(value)
+    if _is_node(cls):
+        return _struct_spec(value, cls, where, _arg_spec)
     if isinstance(value, (tuple, list)) and all(isinstance(v, _SCALARS) for v in value):
-        return ScalarSpec(tuple(value))
-    raise UnsupportedCall(f"argument {where} of type {type(value).__name__} is not a tensor or a scalar")
+        return ScalarSpec(tuple(value))  # torch.Size and other tuples that are no pytree node
+    raise UnsupportedCall(f"argument {where} of type {cls.__name__} is not a tensor, a scalar, None or a "
+                          "container of them (an object the module may change, such as a cache, keeps the "
+                          "call eager)")
+
+
+def _output_leaf_spec(value: Any, where: str) -> ArgSpec:
+    if isinstance(value, torch.Tensor):
+        return TensorSpec.of(value)
+    if value is None:
+        return ScalarSpec(None)
+    cls = type(value)
+    if _is_node(cls):
+        return _struct_spec(value, cls, where, _output_leaf_spec)
+    raise UnsupportedCall(f"{where} of type {cls.__name__} is not a tensor, None or a container of them")
+
+
+def _struct_spec(value: Any, cls: type, where: str, leaf: Callable[[Any, str], ArgSpec]) -> StructSpec:
+    children, raw = (value, None) if (cls is tuple or cls is list or _is_namedtuple(cls)) else \
+        (list(value.values()), list(value)) if cls is dict else _NODES[cls].flatten_fn(value)
+    context = _freeze(raw)
+    if not _json_plain(context):
+        raise UnsupportedCall(f"{where}: the structure of a {cls.__name__} cannot be keyed (context "
+                              f"{type(raw).__name__})")
+    names = context if isinstance(context, tuple) and len(context) == len(children) else None
+    items = tuple(leaf(c, f"{where}.{names[i]}" if names else f"{where}[{i}]") for i, c in enumerate(children))
+    return StructSpec(_kind_of(cls), context, items, cls, raw)
 
 
 def _arg_from_dict(d: dict[str, Any]) -> ArgSpec:
+    if "struct" in d:
+        context = d.get("context")
+        return StructSpec(d["struct"], _freeze(context), tuple(_arg_from_dict(i) for i in d["items"]))
     if d["tensor"]:
         vr = d.get("value_range")
         return TensorSpec(tuple(d["shape"]), d["dtype"], tuple(d["stride"]), d["device"],
@@ -106,13 +286,33 @@ def _runtime_signature(value: Any) -> Any:
         # is_cpu / is_cuda first: `value.device` builds a torch.device object (a quarter microsecond)
         kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
         return (value.shape, value.stride(), value.dtype, kind)
-    if isinstance(value, list):
-        return ("s", tuple(value))
-    return ("s", value)
+    cls = type(value)
+    if cls is tuple or cls is list or cls is torch.Size:
+        for v in value:
+            if type(v) not in _SCALAR_TYPES:
+                return _node_signature(value, cls)
+        return ("s", value if cls is not list else tuple(value))
+    if cls in _SCALAR_TYPES or not _is_node(cls):
+        return ("s", value)  # an object no kernel is keyed on: hashed by identity, or unhashable
+    return _node_signature(value, cls)
+
+
+def _node_signature(value: Any, cls: type) -> tuple:
+    children, context = _children(value, cls)
+    return (cls, context, tuple([_runtime_signature(c) for c in children]))
+
+
+def _spec_signature(spec: ArgSpec) -> Any:
+    if isinstance(spec, TensorSpec):
+        return (spec.shape, spec.stride, spec.torch_dtype, spec.device)
+    if isinstance(spec, StructSpec):
+        return spec.signature()
+    return ("s", spec.value)
 
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
-    """Hashable signature of a call, cheap enough for the dispatch hot path."""
+    """Hashable signature of a call, cheap enough for the dispatch hot path: per argument its tensor
+    spec, scalar value, or container class, context and children's signatures."""
     sig = tuple([_runtime_signature(a) for a in args])
     if kwargs:
         sig += tuple((k, _runtime_signature(kwargs[k])) for k in sorted(kwargs))
@@ -121,7 +321,8 @@ def call_signature(args: tuple, kwargs: dict) -> tuple:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The tensor specs and scalar values of one call: positional args, then keyword args."""
+    """The specs of one call: positional args, then keyword args (sorted by name). Each is a tensor spec,
+    a scalar value (None included) or a container (StructSpec) of them."""
 
     args: tuple[ArgSpec, ...]
     kwargs: tuple[tuple[str, ArgSpec], ...] = ()
@@ -134,12 +335,13 @@ class InputSpec:
 
     def signature(self) -> tuple:
         """The same tuple call_signature() returns for a call matching this spec."""
-        def one(spec: ArgSpec) -> Any:
-            if isinstance(spec, TensorSpec):
-                return (spec.shape, spec.stride, spec.torch_dtype, spec.device)
-            return ("s", spec.value)
-        sig = tuple(one(a) for a in self.args)
-        return sig + tuple((k, one(s)) for k, s in self.kwargs)
+        sig = tuple(_spec_signature(a) for a in self.args)
+        return sig + tuple((k, _spec_signature(s)) for k, s in self.kwargs)
+
+    @property
+    def structured(self) -> bool:
+        """Whether some argument is a container (tensors are then found by walking it)."""
+        return any(isinstance(s, StructSpec) for s in (*self.args, *(s for _, s in self.kwargs)))
 
     @property
     def key(self) -> str:
@@ -150,7 +352,7 @@ class InputSpec:
         def enc(s: ArgSpec) -> dict[str, Any]:
             d = s.to_dict()
             if not with_hints:
-                d.pop("value_range", None)
+                _drop_hints(d)
             return d
         return {"args": [enc(a) for a in self.args], "kwargs": [[k, enc(s)] for k, s in self.kwargs]}
 
@@ -160,32 +362,105 @@ class InputSpec:
                    tuple((k, _arg_from_dict(s)) for k, s in d.get("kwargs", [])))
 
     def tensor_specs(self) -> list[TensorSpec]:
-        return [s for s in self.args if isinstance(s, TensorSpec)] + \
-               [s for _, s in self.kwargs if isinstance(s, TensorSpec)]
+        """Every tensor's spec, containers walked: args, then kwargs (the order of flat_tensors)."""
+        return [t for s in (*self.args, *(s for _, s in self.kwargs)) for t in _tensor_leaves(s)]
+
+    def flat_tensors(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """The tensors of a call matching this spec, in tensor_specs() order."""
+        out: list[torch.Tensor] = []
+        for s, a in zip(self.args, args):
+            _collect(s, a, out)
+        for k, s in self.kwargs:
+            _collect(s, kwargs[k], out)
+        return out
+
+    def build(self, leaf: Callable[[TensorSpec], Any]) -> tuple[tuple, dict[str, Any]]:
+        """Positional and keyword arguments of this structure: LEAF(spec) for each tensor, in
+        tensor_specs() order; scalars, None and containers as recorded."""
+        return tuple(_build(a, leaf) for a in self.args), {k: _build(s, leaf) for k, s in self.kwargs}
+
+    def map_tensors(self, fn: Callable[[TensorSpec], TensorSpec]) -> "InputSpec":
+        """This spec with FN applied to every tensor spec, containers included."""
+        return InputSpec(tuple(_map_tensors(a, fn) for a in self.args),
+                         tuple((k, _map_tensors(s, fn)) for k, s in self.kwargs))
 
     def describe(self) -> str:
         parts = [a.describe() for a in self.args] + [f"{k}={s.describe()}" for k, s in self.kwargs]
         return ", ".join(parts)
 
 
+def _drop_hints(d: dict[str, Any]) -> None:
+    d.pop("value_range", None)
+    for item in d.get("items", ()):
+        _drop_hints(item)
+
+
 @dataclass(frozen=True)
 class OutputSpec:
-    """Shapes and dtypes of a call's outputs; `single` when forward returns one tensor."""
+    """Shapes and dtypes of a call's outputs: `single` when forward returns one tensor; `tree` when it
+    returns anything but a tensor or a tuple/list of tensors (tuples with None, dicts, ModelOutput):
+    its structure, rebuilt around the tensors a kernel returns. `tensors` are the tensor leaves in order."""
 
     tensors: tuple[TensorSpec, ...]
     single: bool
+    tree: StructSpec | None = None
 
     @classmethod
     def of(cls, out: Any) -> "OutputSpec":
         if isinstance(out, torch.Tensor):
             return cls((TensorSpec.of(out),), True)
-        if isinstance(out, (tuple, list)) and out and all(isinstance(o, torch.Tensor) for o in out):
+        if type(out) in (tuple, list) and out and all(isinstance(o, torch.Tensor) for o in out):
             return cls(tuple(TensorSpec.of(o) for o in out), False)
-        raise UnsupportedCall(f"output of type {type(out).__name__} is not a tensor or a tuple of tensors")
+        tree = _output_leaf_spec(out, "output")
+        if not isinstance(tree, StructSpec):
+            raise UnsupportedCall(f"output of type {type(out).__name__} is not a tensor or a container of tensors")
+        tensors = _tensor_leaves(tree)
+        if not tensors:
+            raise UnsupportedCall(f"output of type {type(out).__name__} holds no tensor")
+        return cls(tuple(tensors), False, tree)
+
+    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
+        """The call's output from a kernel's tensors (in `tensors` order): the original container around them."""
+        if self.tree is None:
+            return tensors[0] if self.single else tuple(tensors)
+        if len(tensors) != len(self.tensors):
+            raise UnsupportedCall(f"{len(tensors)} output tensors, the call returns {len(self.tensors)}")
+        it = iter(tensors)
+        return self.tree.build(lambda _: next(it))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"single": self.single, "tensors": [t.to_dict() for t in self.tensors]}
+        d: dict[str, Any] = {"single": self.single, "tensors": [t.to_dict() for t in self.tensors]}
+        if self.tree is not None:
+            d["tree"] = self.tree.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "OutputSpec":
-        return cls(tuple(_arg_from_dict(t) for t in d["tensors"]), bool(d["single"]))  # type: ignore[misc]
+        tree = _arg_from_dict(d["tree"]) if d.get("tree") else None
+        return cls(tuple(_arg_from_dict(t) for t in d["tensors"]), bool(d["single"]),  # type: ignore[misc]
+                   tree if isinstance(tree, StructSpec) else None)
+
+
+def output_tensors(out: Any) -> list[Any]:
+    """The tensors of a call's output, containers walked in pytree order, None left out: what a kernel
+    returns for it and what proofs compare. Other leaves stay (and fail as not tensors)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if type(out) in (tuple, list):
+        for o in out:
+            if not isinstance(o, torch.Tensor):
+                break
+        else:
+            return list(out)
+    return [leaf for leaf in _pytree.tree_leaves(out) if leaf is not None]
+
+
+def input_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Every tensor among a call's arguments, containers walked."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif _is_node(type(a)):
+            out.extend(t for t in _pytree.tree_leaves(a) if isinstance(t, torch.Tensor))
+    return out

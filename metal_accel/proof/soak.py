@@ -18,6 +18,7 @@ import torch
 
 from ..backends.base import Backend
 from ..core.candidate import Candidate
+from ..core.specs import output_tensors
 from ..runtime.dispatch import eager_only
 from .compare import Mismatch
 from .speed import compare_speed
@@ -143,4 +144,4 @@ def judge_soak(reply: dict[str, Any], inputs: InputSets, eager_outs: list[tuple]
 
 
 def _as_tuple(out: Any) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return tuple(output_tensors(out))  # containers walked, None left out (validate._as_tuple)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..core.specs import InputSpec, ScalarSpec, TensorSpec
+from ..core.specs import InputSpec, TensorSpec
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "negative", "small")
 SPECIAL = "special"  # zeros, negatives, large magnitudes, NaN, +-Inf and denormals among normal values
@@ -227,12 +227,8 @@ def _make_tensor(spec: TensorSpec, dist: str, gen: torch.Generator, device: torc
 
 def make_inputs(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.device | str
                 ) -> tuple[tuple, dict[str, Any]]:
-    """Positional and keyword arguments matching `spec`, tensors freshly drawn."""
-    def one(s: TensorSpec | ScalarSpec) -> Any:
-        if isinstance(s, TensorSpec):
-            return make_tensor(s, dist, gen, device)
-        return s.value
-    return tuple(one(a) for a in spec.args), {k: one(s) for k, s in spec.kwargs}
+    """Positional and keyword arguments matching `spec` (containers rebuilt), tensors freshly drawn."""
+    return spec.build(lambda s: make_tensor(s, dist, gen, device))
 
 
 def sweep_specs(spec: InputSpec) -> list[InputSpec]:
@@ -247,8 +243,8 @@ def sweep_specs(spec: InputSpec) -> list[InputSpec]:
     lead = tensors[0].shape[0]
     out = []
     for new in sorted({max(1, lead // 2), lead * 2 + 1} - {lead}):
-        def resize(s: TensorSpec | ScalarSpec) -> TensorSpec | ScalarSpec:
-            if not isinstance(s, TensorSpec) or not s.shape or s.shape[0] != lead:
+        def resize(s: TensorSpec) -> TensorSpec:
+            if not s.shape or s.shape[0] != lead:
                 return s
             shape = (new, *s.shape[1:])
             stride, step = [], 1
@@ -256,5 +252,5 @@ def sweep_specs(spec: InputSpec) -> list[InputSpec]:
                 stride.append(step)
                 step *= max(size, 1)
             return TensorSpec(shape, s.dtype, tuple(reversed(stride)), s.device, s.value_range)
-        out.append(InputSpec(tuple(resize(a) for a in spec.args), tuple((k, resize(v)) for k, v in spec.kwargs)))
+        out.append(spec.map_tensors(resize))
     return out

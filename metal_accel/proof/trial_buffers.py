@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
+from torch.utils import _pytree
 
 FILLS = ("plain", "noise", "leftover")
 GUARD_BYTES = 4096
@@ -233,8 +234,15 @@ def proof_initialized(t: torch.Tensor) -> torch.Tensor:
 
 
 def input_copies(values: Sequence[Any], gen: torch.Generator | None = None) -> list[Any]:
-    """VALUES with every tensor replaced by a fenced copy (guarded_copy); other values as they are."""
-    return [guarded_copy(v, gen) if isinstance(v, torch.Tensor) else v for v in values]
+    """VALUES with every tensor, inside tuples, lists and dicts too, replaced by a fenced copy (guarded_copy);
+    other values as they are."""
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return guarded_copy(v, gen)
+        if isinstance(v, (tuple, list, dict)) or type(v) in _pytree.SUPPORTED_NODES:
+            return _pytree.tree_map(lambda t: guarded_copy(t, gen) if isinstance(t, torch.Tensor) else t, v)
+        return v
+    return [one(v) for v in values]
 
 
 def input_violation(tensors: Sequence[torch.Tensor], what: str) -> str:

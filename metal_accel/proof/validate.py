@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from ..core import config
-from ..core.specs import InputSpec
+from ..core.specs import InputSpec, input_tensors, output_tensors
 from .compare import Mismatch, compare_output
 from .precision import FLOAT32_DEFAULT, PrecisionRule, recorded_call, rule_for
 from .testdata import (
@@ -121,7 +121,8 @@ def trial_batches(plan: TrialPlan, device: torch.device | str, *, copies: bool, 
 
 
 def _as_tuple(out: Any) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    """A call's output tensors: containers (tuples with None, ModelOutput) walked, None left out."""
+    return tuple(output_tensors(out))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -129,7 +130,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    return [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    return input_tensors(args, kwargs)  # tensors inside tuples, lists and dicts included
 
 
 def run_trial(candidate: Forward, args: tuple, kwargs: dict, state: Sequence[torch.Tensor], *,

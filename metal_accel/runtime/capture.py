@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils import _pytree
 
 from ..core.specs import InputSpec, OutputSpec, UnsupportedCall, call_signature
 from .dispatch import eager_only
@@ -54,9 +55,38 @@ def llm_limit(module: nn.Module) -> str:
 
 
 def _detach_copy(value: Any) -> Any:
+    """VALUE with every tensor (inside containers too) replaced by a detached copy."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
+    if isinstance(value, (tuple, list, dict)) or type(value) in _pytree.SUPPORTED_NODES:
+        return _pytree.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, value)
     return value
+
+
+Snapshot = list[tuple[str, Any, list[int]]]
+
+
+def containers_snapshot(args: tuple, kwargs: dict[str, Any]) -> Snapshot | None:
+    """The structure and leaf identities of a call's container arguments (tuples, lists, dicts, pytree
+    nodes), to tell after the call whether the module changed one; None when it has none."""
+    snap = []
+    for name, value in (*((f"#{i}", a) for i, a in enumerate(args)), *kwargs.items()):
+        if isinstance(value, torch.Tensor) or not (isinstance(value, (tuple, list, dict))
+                                                   or type(value) in _pytree.SUPPORTED_NODES):
+            continue
+        leaves, tree = _pytree.tree_flatten(value)
+        snap.append((name, tree, [id(v) for v in leaves]))
+    return snap or None
+
+
+def changed_container(snap: Snapshot, args: tuple, kwargs: dict[str, Any]) -> str:
+    """'' unless the call changed a container argument recorded in SNAP: then why the call stays eager."""
+    now = {name: (tree, ids) for name, tree, ids in containers_snapshot(args, kwargs) or ()}
+    for name, tree, ids in snap:
+        if now.get(name) != (tree, ids):
+            return (f"argument {name} is a container the module changes (its structure or items differ after "
+                    "the call): a replacement could not reproduce that, the call stays eager")
+    return ""
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None, *,
@@ -71,28 +101,33 @@ def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None,
     reasons = {id(m): replaceability(m) for m in model.modules()}  # before our own hooks exist
     limits = {id(m): llm_limit(m) for m in model.modules()}
     records: dict[tuple, ModuleCall] = {}
-    stack: list[tuple[int, tuple, dict, float]] = []
+    stack: list[tuple[int, tuple, dict, Snapshot | None, float]] = []
     recording = timing = False
 
     def pre_hook(module: nn.Module, m_args: tuple, m_kwargs: dict) -> None:
         sync()
-        stack.append((id(module), m_args, m_kwargs, time.perf_counter()))
+        snap = containers_snapshot(m_args, m_kwargs) if recording else None
+        stack.append((id(module), m_args, m_kwargs, snap, time.perf_counter()))
 
     def post_hook(module: nn.Module, m_args: tuple, m_kwargs: dict, out: Any) -> None:
         sync()
-        mid, a, kw, t0 = stack.pop()
+        mid, a, kw, snap, t0 = stack.pop()
         elapsed = time.perf_counter() - t0
         if not recording:
             return
+        changed = changed_container(snap, a, kw) if snap else ""
         try:
             sig = (mid, call_signature(a, kw))
         except TypeError:
             sig = (mid, id(a))
         rec = records.get(sig)
         if rec is None:
-            rec = _new_record(names.get(mid, type(module).__name__), module, reasons.get(mid, ""), a, kw, out)
+            rec = _new_record(names.get(mid, type(module).__name__), module, reasons.get(mid, "") or changed,
+                              a, kw, out)
             rec.compile_only = limits.get(mid, "")
             records[sig] = rec
+        elif changed and not rec.unsupported:
+            rec.unsupported = changed
         if timing:  # the first recorded run builds the records, whose cost would pollute the times
             rec.calls += 1
             rec.eager_s += elapsed

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..core.keys import class_source
-from ..core.specs import UnsupportedCall, call_signature
+from ..core.specs import UnsupportedCall, call_signature, input_tensors
 from .ops import KernelOp, ModuleLayout, _is_compiling
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,8 @@ class Dispatcher:
             self.misses += 1
             return self.original(*args, **kwargs)
         state = self.layout.gather()
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (*state, *args) if isinstance(t, torch.Tensor)):
+        if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
+                                        or any(t.requires_grad for t in input_tensors(args, kwargs))):
             self.grad_calls += 1
             if self.grad_calls == 1 and self.table:
                 warnings.warn(f"metal_accel: {self.module_name} runs eager: autograd is recording and its "

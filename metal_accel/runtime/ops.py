@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..core.keys import module_config
-from ..core.specs import InputSpec, OutputSpec, TensorSpec
+from ..core.specs import InputSpec, OutputSpec, TensorSpec, output_tensors
 
 _LIB = torch.library.Library("metal_accel", "FRAGMENT")
 _OPS: dict[str, "KernelOp"] = {}
@@ -83,7 +83,9 @@ def build_view(static: dict[str, dict[str, Any]], tensor_slots: list[tuple[str, 
 
 
 class KernelOp:
-    """One installed kernel: a registered custom op specialized on one input spec."""
+    """One installed kernel: a registered custom op specialized on one input spec. The op takes the call's
+    tensors flat (containers walked, in the spec's order); host code gets the call's own structure back
+    (tuples, dicts, None), and the tensors it returns are put back in the call's output container."""
 
     def __init__(self, name: str, host_forward: Callable[..., Any], spec: InputSpec, output_spec: OutputSpec,
                  layout: ModuleLayout, device_type: str) -> None:
@@ -95,6 +97,9 @@ class KernelOp:
         self._positional = [(isinstance(s, TensorSpec), getattr(s, "value", None)) for s in spec.args]
         self._keywords = [(k, isinstance(s, TensorSpec), getattr(s, "value", None)) for k, s in spec.kwargs]
         self._tensors_only = not self._keywords and all(is_t for is_t, _ in self._positional)
+        # containers among the arguments: the op takes their tensors flat, host code gets the structure back
+        self._structured = spec.structured
+        self._plain_out = output_spec.tree is None
         self._view_key: tuple[int, ...] = ()
         self._view: ModuleView | None = None
         _LIB.define(f"{name}(Tensor[] args, Tensor[] state) -> Tensor[]")
@@ -113,6 +118,9 @@ class KernelOp:
         if self._tensors_only:
             return _as_list(self._host(self._module_view(state), *tensors))
         it = iter(tensors)
+        if self._structured:
+            args, kwargs = self.spec.build(lambda _: next(it))
+            return _as_list(self._host(self._module_view(state), *args, **kwargs))
         args = [next(it) if is_t else value for is_t, value in self._positional]
         kwargs = {k: next(it) if is_t else value for k, is_t, value in self._keywords}
         return _as_list(self._host(self._module_view(state), *args, **kwargs))
@@ -128,18 +136,24 @@ class KernelOp:
                 return out
             outs = _as_list(out)
         else:
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            if kwargs:
-                tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
+            if self._structured:
+                tensors = self.spec.flat_tensors(args, kwargs)
+            else:
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                if kwargs:
+                    tensors += [kwargs[k] for k, is_t, _ in self._keywords if is_t]
             if _plain_eager(tensors):
                 outs = self._impl(tensors, state)  # the op's own implementation, minus ~3 us of dispatch
             else:
                 outs = self.op(tensors, state)  # compiling, exporting, profiling or under a mode: the real op
-        return outs[0] if self.output_spec.single else tuple(outs)
+        if self._plain_out:
+            return outs[0] if self.output_spec.single else tuple(outs)
+        return self.output_spec.rebuild(list(outs))  # the call's own container: ModelOutput, tuple with None
 
 
 def _as_list(out: Any) -> list[torch.Tensor]:
-    return [out] if isinstance(out, torch.Tensor) else list(out)
+    """A host forward's result as the op's flat tensor list: containers walked, None left out."""
+    return [out] if isinstance(out, torch.Tensor) else output_tensors(out)
 
 
 _Tensor = torch.Tensor
