@@ -337,8 +337,9 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
                 out = models[key](*args, **b.kwargs)
                 row.setdefault("outputs", {})[key] = compare(out, ref)
                 if key == "import":
+                    used = {type(m) for m in models[key].modules()}  # patched classes this model uses
                     row["import_patched_classes"] = sorted(f"{c.__module__}.{c.__qualname__}"
-                                                           for c in hook.patched_classes())
+                                                           for c in hook.patched_classes() if c in used)
                 contenders.append(Contender(key, fwd(models[key]), on, off))
             except Exception as exc:
                 row["errors"][key] = _err(exc)
@@ -552,6 +553,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--block-s", type=float, default=None, help="seconds per block of calls (default 0.2 CPU, 0.05 GPU)")
     p.add_argument("--model-timeout", type=float, default=1800.0, help="seconds one model and dtype may take")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON results")
+    p.add_argument("--run-name", help="the results file's name (default DEVICE-DATE-TIME)")
+    p.add_argument("--notes", help="markdown prose about the run, kept in its results")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--row-out", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -572,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     now = datetime.datetime.now()
     a.out.mkdir(parents=True, exist_ok=True)
     dev = a.device.split(":")[0]
-    path = a.out / f"{dev}-{now:%Y-%m-%d-%H%M}.json"
+    path = a.out / f"{a.run_name or f'{dev}-{now:%Y-%m-%d-%H%M%S}'}.json"
     log_dir = Path(tempfile.mkdtemp(prefix="ma_zoo_logs_"))
     result = {"command": "python benchmarks/models.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": machine(a.device), "date": now.isoformat(timespec="seconds"), "device": a.device,
@@ -580,6 +583,8 @@ def main(argv: list[str] | None = None) -> None:
                   "rounds": a.rounds, "gen_rounds": a.gen_rounds, "new_tokens": a.new_tokens, "block_s": a.block_s,
                   "tolerance_rel_err": TOLERANCE, "contenders": list(CONTENDERS)}, "rows": []}
     result["torch"] = result["versions"]["torch"]
+    if a.notes:
+        result["notes"] = a.notes
     print(f"zoo: {len(names)} models x {dtypes} on {a.device}; logs in {log_dir}; results -> {path}", flush=True)
     for dtype in dtypes:
         for name in names:
