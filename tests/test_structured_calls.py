@@ -10,8 +10,15 @@ from torch import nn
 from torch.utils import _pytree
 
 import metal_accel
+from metal_accel.candidates.compile import CompiledOp
 from metal_accel.core.keys import entry_key
-from metal_accel.core.specs import InputSpec, OutputSpec, StructSpec, UnsupportedCall, call_signature
+from metal_accel.core.specs import (
+    InputSpec,
+    OutputSpec,
+    StructSpec,
+    UnsupportedCall,
+    call_signature,
+)
 from metal_accel.runtime.capture import capture
 from metal_accel.runtime.dispatch import install, uninstall
 from metal_accel.runtime.ops import kernel_op
@@ -220,12 +227,35 @@ def test_llama_without_cache_reaches_layers_attention_and_model():
 
 def test_llama_with_cache_keeps_cached_calls_eager_and_decides_their_children():
     model, ids = _llama()
-    calls = {c.name: c for c in capture(model, (ids,), {"use_cache": True})}
+    with torch.inference_mode():
+        ref = model(ids, use_cache=True).logits
+    metal_accel.optimize(model, (ids,), {"use_cache": True}, compile=False, end_to_end=False)
+    report = {m.name: m for m in metal_accel.explain(model).modules}
     for name in ("model.layers.0", "model.layers.0.self_attn"):
-        assert "of type DynamicCache" in calls[name].unsupported, calls[name].unsupported
-    assert "DynamicCache" in calls["LlamaForCausalLM"].unsupported  # its output holds the cache
+        assert report[name].status == "eager" and "of type DynamicCache" in report[name].reason, report[name].reason
+    assert "DynamicCache" in report["LlamaForCausalLM"].reason  # its output holds the cache
     for name in ("model.layers.0.mlp", "model.layers.0.self_attn.q_proj", "model.layers.0.input_layernorm"):
-        assert calls[name].replaceable
+        assert "DynamicCache" not in report[name].reason and report[name].spec != "?"
+    with torch.inference_mode():
+        assert torch.equal(model(ids, use_cache=True).logits, ref)
+    metal_accel.restore(model)
+
+
+def test_llama_decoder_layer_runs_compiled_on_its_real_arguments():
+    model, ids = _llama()
+    with torch.inference_mode():
+        ref = model(ids, use_cache=False).logits
+    calls = {c.name: c for c in capture(model, (ids,), {"use_cache": False})}
+    layer = calls["model.layers.0"]
+    op = CompiledOp(layer.module, "compile_structured_test")  # what an accepted torch.compile installs
+    install(layer.module, layer.spec.signature(), op)
+    try:
+        with torch.inference_mode():
+            got = model(ids, use_cache=False).logits
+        assert layer.module.__dict__["forward"].hits == 1
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    finally:
+        uninstall(layer.module)
 
 
 def test_bert_attention_tuple_with_none_is_replaceable():

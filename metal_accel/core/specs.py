@@ -428,6 +428,11 @@ class OutputSpec:
         it = iter(tensors)
         return self.tree.build(lambda _: next(it))
 
+    def map_tensors(self, fn: Callable[[TensorSpec], TensorSpec]) -> "OutputSpec":
+        """This spec with FN applied to every tensor spec, the tree's included."""
+        tree = _map_tensors(self.tree, fn) if self.tree is not None else None
+        return OutputSpec(tuple(fn(t) for t in self.tensors), self.single, tree)  # type: ignore[arg-type]
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"single": self.single, "tensors": [t.to_dict() for t in self.tensors]}
         if self.tree is not None:

@@ -243,7 +243,7 @@ def sweep_specs(spec: InputSpec) -> list[InputSpec]:
     lead = tensors[0].shape[0]
     out = []
     for new in sorted({max(1, lead // 2), lead * 2 + 1} - {lead}):
-        def resize(s: TensorSpec) -> TensorSpec:
+        def resize(s: TensorSpec, new: int = new) -> TensorSpec:
             if not s.shape or s.shape[0] != lead:
                 return s
             shape = (new, *s.shape[1:])

@@ -10,30 +10,28 @@ installing it, and remembers that verdict in its user cache (pipeline.py, autolo
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from ..core.candidate import Candidate
 from ..core.errors import CacheError
 from ..core.keys import entry_key
-from ..core.specs import InputSpec, OutputSpec, ScalarSpec, TensorSpec
+from ..core.specs import TensorSpec
 from ..sandbox.kernel_source import LANGUAGE_OF_BACKEND
 from .cache import CacheEntry, Verdict
 
 EMULATED = {"mps-emu": ("mps", "mps")}  # emulated backend -> (real backend, its torch device type)
 
 
-def _on(spec: TensorSpec | ScalarSpec, device: str) -> TensorSpec | ScalarSpec:
-    return replace(spec, device=device) if isinstance(spec, TensorSpec) else spec
+def _on(device: str) -> Callable[[TensorSpec], TensorSpec]:
+    return lambda spec: replace(spec, device=device)
 
 
 def for_device(entry: CacheEntry, backend: str, device: str) -> CacheEntry:
     """`entry` (accepted on an emulated backend) as an entry of `backend`, whose tensors live on `device`."""
     if entry.candidate is None or LANGUAGE_OF_BACKEND.get(entry.backend) != LANGUAGE_OF_BACKEND.get(backend):
         raise CacheError(f"entry {entry.key} of {entry.backend} has no kernel in the language of {backend}")
-    spec = InputSpec(tuple(_on(a, device) for a in entry.input_spec.args),
-                     tuple((k, _on(s, device)) for k, s in entry.input_spec.kwargs))
-    out = None
-    if entry.output_spec is not None:
-        out = OutputSpec(tuple(_on(t, device) for t in entry.output_spec.tensors), entry.output_spec.single)
+    spec = entry.input_spec.map_tensors(_on(device))  # tensors inside containers too
+    out = entry.output_spec.map_tensors(_on(device)) if entry.output_spec is not None else None
     cand = Candidate(entry.candidate.code, entry.candidate.source, backend, entry.candidate.origin)
     verdicts = {}
     for env_id, v in entry.verdicts.items():

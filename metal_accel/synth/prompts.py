@@ -173,12 +173,14 @@ def describe_call(request: SynthesisRequest) -> str:
     lines = []
     for i, spec in enumerate(request.input_spec.args):
         name = names[i] if i < len(names) else f"arg{i}"
-        lines.append(f"- {_tensor_line(name, spec)}" if isinstance(spec, TensorSpec) else f"- {name} = {spec.value!r}")
+        lines.append(f"- {_tensor_line(name, spec)}" if isinstance(spec, TensorSpec) else f"- {name} = {spec.describe()}")
     for name, spec in request.input_spec.kwargs:
-        lines.append(f"- {_tensor_line(name, spec)}" if isinstance(spec, TensorSpec) else f"- {name} = {spec.value!r}")
+        lines.append(f"- {_tensor_line(name, spec)}" if isinstance(spec, TensorSpec) else f"- {name} = {spec.describe()}")
     outs = request.output_spec.tensors
     ret = (f"one tensor, {_tensor_line('out', outs[0]).split(': ', 1)[1]}" if request.output_spec.single else
            "a tuple: " + "; ".join(_tensor_line(f"out{i}", t) for i, t in enumerate(outs)))
+    if request.output_spec.tree is not None:  # a container: the kernel returns its tensors, they are put back
+        ret += f" (the module returns {request.output_spec.tree.describe()}: return its tensors in order, Nones left out)"
     call = ", ".join(names[: len(request.input_spec.args)] + [k for k, _ in request.input_spec.kwargs])
     return f"forward({call}) is called with:\n" + "\n".join(lines) + f"\nand returns {ret}."
 
