@@ -2,7 +2,7 @@
 # GPU-side steps of the CUDA backend, run on the lent H100 by the device tool (see docs/benchmarks.md).
 # Results that come back go into docs/results/<benchmark>/<run>.json with "command", "machine" and "date"
 # added (kernelbench_cuda, cuda_bandwidth, cuda_blocks, ...); then python -m benchmarks.render:
-#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench cpu
+#   bash benchmarks/cuda_device.sh STEP...    steps: setup tests overhead bandwidth gap kgap sweep blocks bench zoo cpu
 # Writes results under $OUT (default ./device_out), logs under /tmp. Needs .whl/ (platformdirs wheel) and
 # .kb/problems.jsonl (a copy of ../shared/kernelbench/problems.jsonl) carried along.
 # DEADLINE (seconds since the script started, default 570): the bench is interrupted then and writes what it has.
@@ -54,6 +54,13 @@ for step in "$@"; do
         --provider dir:benchmarks/candidates ${ATTEMPTED---attempted-only} --max-tensor-mb ${BENCH_MB:-64} --budget ${BENCH_BUDGET:-0.6} \
         --bench-budget ${BENCH_BUDGET:-0.6} --compile-jobs ${COMPILE_JOBS:-12} --out "$OUT/bench" --no-progress \
         ${BENCH_ARGS:-} 2>&1 | grep -v Warning | tee /tmp/bench.log | grep -E "^L[0-9]|level" ;;
+    zoo)  # the model zoo (benchmarks/models.py) on the GPU; needs .whl-bench/ carried (transformers, timm, torchvision)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-bench/*.whl 2>&1 | tail -2
+      export PYTHONPATH=/tmp/site
+      LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
+      HF_HUB_OFFLINE=1 timeout -s INT -k 20 $LEFT python3 benchmarks/models.py --device cuda --dtype ${ZOO_DTYPES:-fp32,bf16} \
+        --models ${ZOO_MODELS:-llama,bert} --model-timeout ${ZOO_TIMEOUT:-240} --out "$OUT" ${ZOO_ARGS:-} 2>&1 \
+        | grep -v Warning | tee /tmp/zoo.log | tail -${ZOO_TAIL:-30} ;;
     cpu)
       mkdir -p "$OUT/cpu"
       { lscpu; free -g; gcc --version | head -1; } > "$OUT/cpu/machine.txt" 2>&1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -49,9 +50,10 @@ class _Counter(TorchDispatchMode):
 
 def compute_ops(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> list[str]:
     """The compute operators one eager call of MODULE runs (each dispatcher below it off)."""
+    copy = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))  # in-place modules
     counter = _Counter()
     with torch.inference_mode(), eager_only(), counter:
-        module(*args, **kwargs)
+        module(*copy[0], **copy[1])
     return counter.ops
 
 

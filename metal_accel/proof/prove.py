@@ -173,7 +173,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     inputs = timing_inputs(call, device) if measures_speed(backend) else []
     if settings.isolate and inputs:
         t1 = time.perf_counter()
-        soaked = soak(cand, backend, device, layout, inputs, float64_reference(module, original), original, settings)
+        soaked = soak(cand, backend, device, layout, inputs, float64_reference(module, original), original, settings,
+                      result.precision)
         timings["soak_s"] = time.perf_counter() - t1
         log.info("metal_accel: %s: %s: soak took %.1f s", call.name, cand.origin, timings["soak_s"])
         if soaked:

@@ -79,7 +79,8 @@ def sample_calls(n_sets: int, calls: int, output_bytes: int) -> list[int]:
 
 
 def soak(cand: Candidate, backend: Backend, device: torch.device, layout: Any, inputs: InputSets,
-         reference64: Callable[..., Any] | None, original: Callable[..., Any], settings: Any) -> str:
+         reference64: Callable[..., Any] | None, original: Callable[..., Any], settings: Any,
+         rule: Any = None) -> str:
     """Run the speed gate's workload in the worker; '' when it went well, else the rejection's sentence."""
     calls, min_calls = gate_calls()
     unique, order = distinct_sets(inputs)
@@ -101,12 +102,13 @@ def soak(cand: Candidate, backend: Backend, device: torch.device, layout: Any, i
     if not reply.get("ok"):
         return reply["error"] if reply.get("stage") == "confine" else \
             f"soak (the speed gate's calls, run first in isolation) failed in the worker: {reply.get('error')}"
-    return judge_soak(reply, inputs, eager_outs, reference64, min_calls)
+    return judge_soak(reply, inputs, eager_outs, reference64, min_calls, rule)
 
 
 def judge_soak(reply: dict[str, Any], inputs: InputSets, eager_outs: list[tuple], reference64: Callable[..., Any] | None,
-               min_calls: int) -> str:
-    """'' when the worker's soak reply shows a kernel that behaved on every call, else why not."""
+               min_calls: int, rule: Any = None) -> str:
+    """'' when the worker's soak reply shows a kernel that behaved on every call, else why not. RULE: the
+    proof's precision rule (the spot checks hold outputs to it, no stricter)."""
     where = "soak (the speed gate's calls, run first in isolation)"
     if reply.get("error"):
         return f"{where}: {reply['error']}"
@@ -123,7 +125,7 @@ def judge_soak(reply: dict[str, Any], inputs: InputSets, eager_outs: list[tuple]
         if d != digests[j]:
             return (f"{where}: call {i} gave other outputs than call {j} on the same inputs (input set {i % n}): "
                     "a kernel must give the same result every time")
-    check = spot_check(inputs, reference64)
+    check = spot_check(inputs, reference64, rule)
     seen = set()
     for s in reply.get("samples", []):
         i, j = int(s["call"]), int(s["set"])
