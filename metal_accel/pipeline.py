@@ -26,6 +26,7 @@ from .core.provider import Evaluation, InteractiveProvider, Provider, SynthesisR
 from .core.redact import redact
 from .core.specs import UnsupportedCall
 from .proof.prove import ProofSettings
+from .proof.speed import implausible_verdict
 from .report import COVERED, ModuleReport
 from .runtime.capture import ModuleCall
 from .runtime.dispatch import install
@@ -104,6 +105,11 @@ class Pipeline:
         user = cache_mod.user_cache()
         if entry is not None and entry.candidate is not None:
             verdict = entry.verdict_for(self.env)
+            doubt = implausible_verdict(verdict.speedup, verdict.reason, verdict.details.get("bench")) \
+                if verdict is not None and verdict.accepted else ""
+            if doubt:  # measured once, on what may have been a busy machine: prove and time it again
+                log.info("metal_accel: %s: the cached verdict is timed again: %s", call.name, doubt)
+                verdict = None
             if verdict is not None and verdict.accepted and verdict.candidate_digest == entry.candidate.digest:
                 self._install(call, key, entry.candidate, verdict=verdict)
                 self._accept(rep, entry.candidate, verdict, f"cache:{entry.origin}")

@@ -1,0 +1,56 @@
+"""The speed gate does not believe a win it measured once on what may have been a busy machine."""
+from __future__ import annotations
+
+from metal_accel.core.verdict import BenchResult
+from metal_accel.proof.speed import compare_speed, implausible, implausible_verdict
+
+
+def scripted(eager_times: list[float], kernel_s: float = 0.001):
+    """A timer reporting the kernel at KERNEL_S and eager at the next of EAGER_TIMES (deterministic)."""
+    it = iter(eager_times)
+
+    def timer(fn, args, kwargs, sync):
+        return (next(it) if fn.__name__ == "eager" else kernel_s), None
+    return timer
+
+
+def named(name: str):
+    def fn(*args):
+        return None
+    fn.__name__ = name
+    return fn
+
+
+def result(speedup: float, eager_spread: float = 0.1, kernel_spread: float = 0.1, accepted: bool = True) -> BenchResult:
+    return BenchResult(speedup * 10, 10.0, speedup, speedup, eager_spread, kernel_spread, 30, accepted, "x")
+
+
+def test_what_counts_as_implausible():
+    assert implausible(result(1.4)) == ""
+    assert "implausibly large" in implausible(result(40.0))
+    assert "spread" in implausible(result(1.4, eager_spread=3.0))
+    assert implausible(result(40.0, accepted=False)) == ""
+
+
+def test_a_huge_win_from_a_stalled_eager_is_timed_again_and_the_lower_figure_kept():
+    # first measurement: eager stalled (40 ms against a 1 ms kernel); second: the real 1.5x
+    timer = scripted([0.04] * 30 + [0.0015] * 30)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, min_reps=30, max_reps=30,
+                        budget_s=0.0, warmup=0, retry_pause_s=0.0)
+    assert res.accepted and abs(res.speedup - 1.5) < 1e-6, res
+    assert "timed twice" in res.reason and "40.00x" in res.reason, res.reason
+
+
+def test_a_real_large_win_survives_its_second_measurement():
+    timer = scripted([0.02] * 60)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, min_reps=30, max_reps=30,
+                        budget_s=0.0, warmup=0, retry_pause_s=0.0)
+    assert res.accepted and abs(res.speedup - 20.0) < 1e-6 and "timed twice" in res.reason, res
+
+
+def test_cached_verdicts_measured_once_are_doubted_but_not_those_timed_twice():
+    assert implausible_verdict(640.0, "640.00x eager over 30 interleaved pairs", None)
+    assert implausible_verdict(1.3, "1.30x eager over 30 interleaved pairs", {"eager_spread": 2.5, "kernel_spread": 0.1,
+                                                                             "speedup": 1.3, "accepted": True})
+    assert implausible_verdict(20.0, "20.00x eager over 30 pairs (timed twice: ...)", None) == ""
+    assert implausible_verdict(1.3, "1.30x eager over 30 interleaved pairs", None) == ""
