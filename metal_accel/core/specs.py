@@ -287,12 +287,14 @@ def _runtime_signature(value: Any) -> Any:
         kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
         return (value.shape, value.stride(), value.dtype, kind)
     cls = type(value)
+    if cls in _SCALAR_TYPES:
+        return ("s", value)
     if cls is tuple or cls is list or cls is torch.Size:
         for v in value:
-            if type(v) not in _SCALAR_TYPES:
-                return _node_signature(value, cls)
+            if type(v) not in _SCALAR_TYPES:  # a container of tensors: (class, context, children)
+                return (cls, None, tuple([_runtime_signature(c) for c in value]))
         return ("s", value if cls is not list else tuple(value))
-    if cls in _SCALAR_TYPES or not _is_node(cls):
+    if not _is_node(cls):
         return ("s", value)  # an object no kernel is keyed on: hashed by identity, or unhashable
     return _node_signature(value, cls)
 
