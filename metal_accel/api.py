@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from .auto import hook
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
+from .candidates.compile import supports_compile
 from .candidates.providers import build_providers
 from .core import config
 from .core.candidate import Candidate
@@ -23,7 +24,7 @@ from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
-from .model_choice import prove_end_to_end
+from .model_choice import WHOLE, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
 from .report import OptimizeReport
@@ -33,6 +34,7 @@ from .runtime.model_state import StateGuard
 from .store import cache as cache_store
 from .synth.models import ModelSpec
 from .synth.settings import SynthSettings
+from .whole_model import prove_whole_model
 
 log = logging.getLogger(__name__)
 _REPORT_ATTR = "_metal_accel_report"
@@ -127,16 +129,30 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
                  rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
                  time.perf_counter() - t0)
-    if now.end_to_end and report.kernels:
+    whole, why_not = None, ""
+    if now.end_to_end and now.compile and supports_compile(be) and _whole_not_tried(model, report):
+        t0 = time.perf_counter()
+        whole, why_not = prove_whole_model(model, args, dict(example_kwargs or {}), _device_of(model, args))
+        log.info("metal_accel: %s: %s (%.1f s)", WHOLE, "proven" if whole is not None else why_not,
+                 time.perf_counter() - t0)
+        if why_not:
+            report.notes.append(redact(f"{WHOLE} not used: {why_not}"))
+    if now.end_to_end and (report.kernels or whole is not None):
         try:
             e2e = prove_end_to_end(model, args, dict(example_kwargs or {}), report, be.synchronize,
-                                   budget_s=max(1.0, 2 * now.bench_budget_s))
+                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole)
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:
                 raise
             report.notes.append(redact(f"end-to-end check not done: {type(exc).__name__}: {exc}"))
     return report
+
+
+def _whole_not_tried(model: nn.Module, report: OptimizeReport) -> bool:
+    """The model's own call was not compiled whole by the pipeline already (or could not be captured)."""
+    root = next((m for m in report.modules if m.name == type(model).__name__), None)
+    return root is None or (root.status == "eager" and root.compile_us is None and root.graph_us is None)
 
 
 @dataclass

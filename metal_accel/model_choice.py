@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .report import COVERED, OptimizeReport
-from .runtime.dispatch import dispatcher_of, eager_only, uninstall
+from .core.specs import call_signature
+from .runtime.dispatch import dispatcher_of, eager_only, install, uninstall
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ MIN_ROUNDS = 6
 MAX_ROUNDS = 16
 BLOCK_TARGET_S = 0.02   # a block of back-to-back calls lasts at least this long (timer resolution, launch overlap)
 MIN_NOISE = 0.02      # below this a difference is not acted on, whatever eager against itself showed
+WHOLE = "whole-model torch.compile"
 DROPPED = "dropped: the whole model ran faster without it (end to end)"
 
 
@@ -48,6 +50,7 @@ class EndToEnd:
     calls_per_block: int
     dropped: list[str] = field(default_factory=list)   # groups whose removal made the whole faster
     final_speedup: float | None = None                 # after drops, when any
+    whole_speedup: float | None = None                 # the model compiled whole, when tried
     decision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,13 +138,15 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
 
 
 def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
-                     sync: Callable[[], None], budget_s: float) -> EndToEnd | None:
-    """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower."""
+                     sync: Callable[[], None], budget_s: float, whole: Any = None) -> EndToEnd | None:
+    """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
+    WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
+    installed for the example's call signature when it beats both eager and the per-module choices."""
     groups = choice_groups(model, report)
-    if not groups:
+    if not groups and whole is None:
         return None
     try:
-        return _prove(model, args, kwargs, report, sync, budget_s, groups)
+        return _prove(model, args, kwargs, report, sync, budget_s, groups, whole)
     finally:
         for module in model.modules():  # the dispatchers' counters are the user's calls, not these
             disp = dispatcher_of(module)
@@ -150,7 +155,7 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
 
 
 def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
-           sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]]) -> EndToEnd:
+           sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]], whole: Any) -> EndToEnd:
 
     def run() -> Any:
         return model(*args, **kwargs)
@@ -159,19 +164,36 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
         with eager_only():
             return model(*args, **kwargs)
 
-    samples, block = time_contenders({"eager": run_eager, "eager_again": run_eager, "optimized": run}, sync,
-                                     budget_s)
+    contenders: dict[str, Callable[[], Any]] = {"eager": run_eager, "eager_again": run_eager}
+    if groups:
+        contenders["optimized"] = run
+    if whole is not None:
+        contenders["whole"] = lambda: whole(args, kwargs, [])
+    samples, block = time_contenders(contenders, sync, budget_s)
     log_noise = _log_noise([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
     noise = math.exp(log_noise) - 1
-    speedup = _paired_median(samples["eager"], samples["optimized"])
-    result = EndToEnd(statistics.median(samples["eager"]) * 1e6, statistics.median(samples["optimized"]) * 1e6,
+    speedup = _paired_median(samples["eager"], samples["optimized"]) if groups else 1.0
+    optimized = samples["optimized"] if groups else samples["eager"]
+    result = EndToEnd(statistics.median(samples["eager"]) * 1e6, statistics.median(optimized) * 1e6,
                       speedup, noise, len(samples["eager"]), block)
-    log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
     tolerance = max(log_noise, math.log1p(MIN_NOISE))  # as a log ratio: what eager against itself shows
 
     def slower(ratio: float) -> bool:  # ratio = eager-like / contender; below 1 beyond the noise
         return math.log(ratio) < -tolerance
-    if not slower(speedup):
+    if whole is not None:
+        result.whole_speedup = _paired_median(samples["eager"], samples["whole"])
+        log.info("metal_accel: end to end: %s %.2fx eager, per-module choices %.2fx", WHOLE, result.whole_speedup,
+                 speedup)
+        # installed when faster than the per-module choices and than eager, both beyond the noise
+        if slower(_paired_median(samples["whole"], optimized)) and slower(1 / result.whole_speedup):
+            install(model, call_signature(args, kwargs), whole)
+            result.final_speedup = result.whole_speedup
+            result.decision = (f"{WHOLE} installed for the example's call signature: {result.whole_speedup:.2f}x "
+                               f"eager (per-module choices: {speedup:.2f}x)")
+            _mark_whole(model, report, result.whole_speedup)
+            return result
+    log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
+    if not groups or not slower(speedup):
         return result
     for name, modules in sorted(groups.items(), key=lambda kv: len(kv[1])):
         trial, _ = time_contenders({"with": run, "without": _without(run, modules)}, sync, budget_s / 2)
@@ -195,6 +217,15 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
         result.final_speedup = 1.0  # eager, as it is
     _mark_dropped(model, report)
     return result
+
+
+def _mark_whole(model: nn.Module, report: OptimizeReport, speedup: float) -> None:
+    """The model's own row runs the whole-model compile now (for the example's call signature)."""
+    root = type(model).__name__
+    for rep in report.modules:
+        if rep.name == root:
+            rep.status, rep.source, rep.speedup = "compile", f"builtin:{WHOLE}", speedup
+            rep.reason = f"{WHOLE}: {speedup:.2f}x eager end to end (model_choice)"
 
 
 def _without(run: Callable[[], Any], modules: Sequence[nn.Module]) -> Callable[[], Any]:

@@ -1,0 +1,97 @@
+"""The whole model under torch.compile, as a model-level candidate beside the per-module choices.
+
+Per-module decisions cannot reach everything: a decoder LM's forward builds a KV cache that its layers
+change, so neither the model nor its layers can be replaced call by call, and on the H100 the whole model
+compiled ran 1.3-2.8x eager where per-module choices reached 1.0-1.1x. So the end-to-end stage
+(model_choice.py) also tries the eager model compiled whole (graph breaks allowed: inductor splits the
+forward where it must), checks its outputs against eager's on the example inputs and on a second draw
+of inputs like them (every tensor in the outputs, caches included, under the proof's precision rule),
+and times it in the same rotation; installed only for the example's call signature, where it was proven.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .candidates.compile import CompileTimeout, CompiledOp, first_call
+from .core import config
+from .proof.compare import Mismatch, compare_output
+from .proof.precision import PrecisionRule, recorded_call, rule_for
+from .runtime.dispatch import eager_only
+
+log = logging.getLogger(__name__)
+NAME = "whole-model torch.compile"
+MAX_DEPTH = 6
+
+
+def output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in an output, in a fixed order: containers, mappings (ModelOutput), and the tensors held
+    by other objects (a KV cache's keys and values), a few levels deep."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth >= MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return []
+    if isinstance(obj, Mapping):
+        items: Any = obj.values()
+    elif isinstance(obj, (tuple, list)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = [v for k, v in sorted(vars(obj).items()) if not k.startswith("_")]
+    else:
+        return []
+    return [t for item in items for t in output_tensors(item, depth + 1)]
+
+
+def similar_inputs(args: tuple, kwargs: dict[str, Any], seed: int = 0) -> tuple[tuple, dict[str, Any]]:
+    """A second draw like the example: floating tensors with their mean and spread, integer tensors (token
+    ids) within their observed range; everything else as it is."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return t
+        if t.is_floating_point():
+            f = t.float()
+            return (torch.randn(t.shape, generator=gen) * f.std().clamp_min(1e-3).cpu() + f.mean().cpu()).to(t)
+        if t.dtype in (torch.int32, torch.int64):
+            lo, hi = int(t.min()), int(t.max())
+            return torch.randint(lo, hi + 1, t.shape, generator=gen, dtype=t.dtype).to(t.device)
+        return t
+    return tuple(draw(a) for a in args), {k: draw(v) for k, v in kwargs.items()}
+
+
+def _check(got: Any, want: Any, rule: PrecisionRule, where: str) -> str:
+    g, w = output_tensors(got), output_tensors(want)
+    if len(g) != len(w):
+        return f"{where}: {len(g)} output tensors, eager has {len(w)}"
+    try:
+        for i, (a, b) in enumerate(zip(g, w)):
+            compare_output(a, b, f"{where}: output tensor {i}", rule=rule)
+    except Mismatch as exc:
+        return str(exc)
+    return ""
+
+
+def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
+                      device: torch.device) -> tuple[CompiledOp | None, str]:
+    """The eager model compiled whole, and '' when its outputs match eager's; else (None, why not)."""
+    op = CompiledOp(model, "metal_accel_whole_model")
+    try:
+        first_call(op, args, kwargs, device, config.current().compile_timeout_s)
+    except CompileTimeout as exc:
+        return None, str(exc)
+    except Exception as exc:
+        return None, f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    for label, (a, k) in (("example inputs", (args, kwargs)), ("a second draw", similar_inputs(args, kwargs))):
+        with torch.inference_mode():
+            with eager_only():
+                want, ops = recorded_call(model, a, k)
+            rule = rule_for(ops, config.current().precision)
+            got = op(a, k, [])
+        why = _check(got, want, rule, f"incorrect on {label}")
+        if why:
+            return None, why
+    return op, ""
