@@ -251,7 +251,7 @@ def _report_summary(model: Any) -> dict:
                 + (f" {m.speedup:.2f}x" if m.speedup else "") for m in rep.modules if m.status != "eager"]
     return {"module_calls": len(rep.modules), "status": dict(status), "replaced": replaced[:40],
             "eager_reasons": [[r, n] for r, n in reasons.most_common(8)], "notes": list(rep.notes)[:10],
-            "backend": rep.backend}
+            "backend": rep.backend, "end_to_end": rep.end_to_end}
 
 
 def _generate_ids(model: Any, prompt: Any, new: int) -> Any:
