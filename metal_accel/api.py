@@ -129,15 +129,15 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
                  rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
                  time.perf_counter() - t0)
-    whole, why_not = None, ""
-    if now.end_to_end and now.compile and supports_compile(be) and _whole_not_tried(model, report):
+    whole, why_not = None, ""  # emulated devices: timings say nothing about the real one, so no model-level choice
+    if now.end_to_end and be.measures_speed and now.compile and supports_compile(be) and _whole_not_tried(model, report):
         t0 = time.perf_counter()
         whole, why_not = prove_whole_model(model, args, dict(example_kwargs or {}), _device_of(model, args))
         log.info("metal_accel: %s: %s (%.1f s)", WHOLE, "proven" if whole is not None else why_not,
                  time.perf_counter() - t0)
         if why_not:
             report.notes.append(redact(f"{WHOLE} not used: {why_not}"))
-    if now.end_to_end and (report.kernels or whole is not None):
+    if now.end_to_end and be.measures_speed and (_composes(model, report) or whole is not None):
         try:
             e2e = prove_end_to_end(model, args, dict(example_kwargs or {}), report, be.synchronize,
                                    budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole)
@@ -147,6 +147,13 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                 raise
             report.notes.append(redact(f"end-to-end check not done: {type(exc).__name__}: {exc}"))
     return report
+
+
+def _composes(model: nn.Module, report: OptimizeReport) -> bool:
+    """Some choice runs below the model's own call: the gate timed each alone, so the whole is worth timing.
+    A model whose one choice is its own call was timed whole by its gate already."""
+    root = type(model).__name__
+    return any(m.name != root for m in report.kernels)
 
 
 def _whole_not_tried(model: nn.Module, report: OptimizeReport) -> bool:
