@@ -134,7 +134,7 @@ def build(name: str, device: str, gpu: bool) -> Built:
 def _vision(model: Any, name: str, cfg: dict, batch: int, device: str, notes: list[str] | None = None) -> Built:
     import torch
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, 224, 224, generator=gen).to(device)
+    x = torch.randn(batch, 3, 224, 224, generator=gen, device="cpu").to(device)
     return Built(model.eval(), (x,), {}, "vision", {**cfg, "input": [batch, 3, 224, 224]}, notes or [])
 
 
