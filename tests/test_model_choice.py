@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import pytest
 import torch
 from torch import nn
 
@@ -135,8 +136,9 @@ def test_nothing_installed_means_no_end_to_end_run():
     assert prove_end_to_end(model, (x,), {}, report_for(), sync=lambda: None, budget_s=0.5) is None
 
 
+@pytest.mark.slow
+@pytest.mark.needs_cxx
 def test_optimize_reports_the_end_to_end_figures_first(tmp_path):
-    import pytest
     import metal_accel
     from toymodels import GOOD, Net
     if not metal_accel.get_backend("cpu").is_available():
