@@ -15,6 +15,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 import torch
+import torch.utils._pytree
 from torch import nn
 
 from .candidates.compile import CompiledOp, CompileTimeout, first_call
@@ -65,6 +66,12 @@ def similar_inputs(args: tuple, kwargs: dict[str, Any], seed: int = 0) -> tuple[
     return tuple(draw(a) for a in args), {k: draw(v) for k, v in kwargs.items()}
 
 
+def _to64(tree: Any) -> Any:
+    """Floating tensors in TREE as float64 (the float64 model takes float64 inputs)."""
+    return torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, tree)
+
+
 def _check(got: Any, want: Any, rule: PrecisionRule, where: str, exact: Callable[[], Any]) -> str:
     """'' when every output tensor of GOT matches eager's (WANT) under RULE; where the plain check fails, the
     float64 outputs (EXACT(), computed then) let it pass as the proof does: a deep model's rounding (bf16
@@ -111,7 +118,7 @@ def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
             rule = rule_for(ops, config.current().precision)
             got = op(a, k, [])
         with torch.inference_mode():
-            why = _check(got, want, rule, f"incorrect on {label}", lambda: exact(*a, **k))
+            why = _check(got, want, rule, f"incorrect on {label}", lambda: exact(*_to64(a), **_to64(k)))
         if why:
             return None, why
     return op, ""
