@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from .auto import hook
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
-from .candidates.compile import supports_compile
+from .candidates.compile import CompiledOp, supports_compile
 from .candidates.providers import build_providers
 from .core import config
 from .core.candidate import Candidate
@@ -24,7 +24,7 @@ from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
-from .model_choice import WHOLE, prove_end_to_end
+from .model_choice import WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
 from .report import OptimizeReport
@@ -32,6 +32,7 @@ from .runtime.capture import ModuleCall, capture
 from .runtime.dispatch import dispatcher_of, uninstall
 from .runtime.model_state import StateGuard
 from .store import cache as cache_store
+from .store import model_verdicts
 from .synth.models import ModelSpec
 from .synth.settings import SynthSettings
 from .whole_model import prove_whole_model
@@ -129,23 +130,39 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
                  rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
                  time.perf_counter() - t0)
-    whole, why_not = None, ""  # emulated devices: timings say nothing about the real one, so no model-level choice
-    if now.end_to_end and be.measures_speed and now.compile and supports_compile(be) and _whole_not_tried(model, report):
+    if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
+        return report
+    kwargs = dict(example_kwargs or {})
+    choices = [(r.name, r.status, r.key) for r in report.modules if r.status != "eager"]
+    mkey = model_verdicts.model_key(model, args, kwargs, be.name, choices)
+    cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
+    if cached is not None:
+        e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
+                            lambda: CompiledOp(model, "metal_accel_whole_model"))
+        report.end_to_end = e2e.to_dict()
+        log.info("metal_accel: end to end: %s", e2e.decision)
+        return report
+    whole, why_not = None, ""
+    if now.compile and supports_compile(be) and _whole_not_tried(model, report):
         t0 = time.perf_counter()
-        whole, why_not = prove_whole_model(model, args, dict(example_kwargs or {}), _device_of(model, args))
+        whole, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args))
         log.info("metal_accel: %s: %s (%.1f s)", WHOLE, "proven" if whole is not None else why_not,
                  time.perf_counter() - t0)
         if why_not:
             report.notes.append(redact(f"{WHOLE} not used: {why_not}"))
-    if now.end_to_end and be.measures_speed and (_composes(model, report) or whole is not None):
+    if _composes(model, report) or whole is not None:
         try:
-            e2e = prove_end_to_end(model, args, dict(example_kwargs or {}), report, be.synchronize,
+            e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
                                    budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole)
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:
                 raise
             report.notes.append(redact(f"end-to-end check not done: {type(exc).__name__}: {exc}"))
+            return report
+        if e2e is not None and mkey:
+            model_verdicts.put(be.name, mkey, be.environment(),
+                               model_verdicts.ModelVerdict(e2e.outcome, list(e2e.dropped), e2e.to_dict()))
     return report
 
 

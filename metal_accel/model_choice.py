@@ -52,6 +52,8 @@ class EndToEnd:
     final_speedup: float | None = None                 # after drops, when any
     whole_speedup: float | None = None                 # the model compiled whole, when tried
     decision: str = ""
+    outcome: str = "modules"                           # "whole", "modules" (some maybe dropped) or "eager"
+    cached: bool = False                               # applied from a model-level verdict this user's library made
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -190,6 +192,7 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             result.final_speedup = result.whole_speedup
             result.decision = (f"{WHOLE} installed for the example's call signature: {result.whole_speedup:.2f}x "
                                f"eager (per-module choices: {speedup:.2f}x)")
+            result.outcome = "whole"
             _mark_whole(model, report, result.whole_speedup)
             return result
     log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
@@ -211,11 +214,38 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             for m in modules:
                 uninstall(m)
         result.decision = f"every module choice dropped: the optimized model ran {result.final_speedup:.2f}x eager"
+        result.outcome = "eager"
     elif result.dropped:
         result.decision = "dropped " + ", ".join(result.dropped)
     if not choice_groups(model, report):
         result.final_speedup = 1.0  # eager, as it is
+        result.outcome = "eager"
     _mark_dropped(model, report)
+    return result
+
+
+def apply_verdict(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
+                  outcome: str, dropped: Sequence[str], made: dict[str, Any],
+                  whole: Callable[[], Any]) -> EndToEnd:
+    """Do what an earlier end-to-end stage decided for this model (store/model_verdicts.py), without timing:
+    install WHOLE() (the model compiled whole; it compiles at its first call), drop the DROPPED groups, or
+    drop every choice. MADE: that stage's EndToEnd.to_dict(), reported as it was measured then."""
+    fields = {k: made[k] for k in EndToEnd.__dataclass_fields__ if k in made}
+    result = EndToEnd(**{"eager_us": 0.0, "optimized_us": 0.0, "speedup": 1.0, "self_noise": 0.0, "rounds": 0,
+                         "calls_per_block": 0, **fields})
+    result.cached, result.outcome = True, outcome
+    groups = choice_groups(model, report)
+    if outcome == "whole":
+        install(model, call_signature(args, kwargs), whole())
+        _mark_whole(model, report, result.whole_speedup or result.final_speedup or 1.0)
+    else:
+        for name, modules in groups.items():
+            if outcome == "eager" or name in dropped:
+                for m in modules:
+                    uninstall(m)
+        _mark_dropped(model, report)
+    result.decision = (result.decision + "; " if result.decision else "") + \
+        "as decided by an earlier optimize() of this model here (model-level verdict, not timed again)"
     return result
 
 

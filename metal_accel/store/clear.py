@@ -16,13 +16,14 @@ class Cleared:
     artifacts: int = 0       # files under build/: compiled kernels, their sources, build records, locks
     bundles: int = 0         # bundles unpacked by load_cache
     recordings: int = 0      # METAL_ACCEL_RECORD files
+    model_verdicts: int = 0  # end-to-end verdicts of whole models (model_verdicts.py)
     other: int = 0           # index, locks, temporary files
     left: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{self.entries} entries", f"{self.artifacts} build files (compiled kernels and their records)",
                  f"{self.bundles} unpacked bundles",
-                 f"{self.recordings} recordings", f"{self.other} index, lock and temporary files"]
+                 f"{self.recordings} recordings", f"{self.model_verdicts} model-level verdicts", f"{self.other} index, lock and temporary files"]
         out = "removed " + ", ".join(parts)
         if self.left:
             out += f"; left {len(self.left)} paths metal_accel did not make: " + ", ".join(self.left[:5])
@@ -30,7 +31,7 @@ class Cleared:
 
 
 # Top-level names a user cache owns besides its backend directories (build: compiled kernels).
-OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings"}
+OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings", "models": "model_verdicts"}
 
 
 def _files_in(path: Path) -> int:
