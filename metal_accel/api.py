@@ -7,7 +7,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -54,7 +54,8 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
              backend: str | Backend | None = None, providers: Iterable[str | CandidateProvider] | None = None,
              synthesize: bool | None = None, models: Sequence[str | ModelSpec] | str | None = None,
              strict: bool = False, progress: bool | None = None, settings: Settings | None = None,
-             synth_settings: SynthSettings | None = None, **changes: Any) -> nn.Module:
+             synth_settings: SynthSettings | None = None, workload: Callable[[nn.Module], Any] | None = None,
+             **changes: Any) -> nn.Module:
     """Swap proven, faster kernels into `model` for the calls that `example_inputs` exercise.
 
     Returns the same model object, patched in place; `restore(model)` undoes it and
@@ -67,6 +68,9 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
     Everything else is a setting: `settings` (default: `metal_accel.settings()`, from the environment)
     with `changes` by name, e.g. ``margin=0.1, bench_budget_s=2.0, timeout_s=60, compile=False``
     (core/config.py lists them); they are in force for this call only.
+    `workload`: a function that runs the model as the application will, e.g.
+    ``lambda m: m.generate(ids, max_new_tokens=8)``; the calls it makes that repeat within it (every decode
+    step's) are decided too, and it is what the end-to-end stage times, so decode never gets slower.
     """
     run_settings = (settings or config.current()).with_(**changes)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
@@ -85,7 +89,7 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
         with config.using(run_settings):
             report = _optimize(model, args, example_kwargs, guard, backend=backend, providers=providers,
                                strict=strict, progress=progress, synthesize=synthesize, models=models,
-                               synth_settings=synth_settings)
+                               synth_settings=synth_settings, workload=workload)
     finally:
         changes = guard.restore()  # training flags, and any tensor something changed
     for change in changes:
@@ -103,7 +107,8 @@ def optimize(model: nn.Module, example_inputs: Any, example_kwargs: dict[str, An
 def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | None, guard: StateGuard, *,
               backend: str | Backend | None, providers: Iterable[str | CandidateProvider] | None, strict: bool,
               progress: bool | None, synthesize: bool | None, models: Sequence[str | ModelSpec] | str | None,
-              synth_settings: SynthSettings | None) -> OptimizeReport:
+              synth_settings: SynthSettings | None,
+              workload: Callable[[nn.Module], Any] | None = None) -> OptimizeReport:
     """optimize() with the model in eval mode under GUARD: capture, then every captured call decided."""
     try:
         be = backend if isinstance(backend, Backend) else \
@@ -113,7 +118,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         plan = GuardedPipeline(be, build_providers(providers, synthesize=synthesize, models=models,
                                                    settings=synth_settings, strict=strict, progress=progress),
                                settings=settings, strict=strict, guard=guard)
-        calls = capture(model, args, example_kwargs, sync=be.synchronize)
+        calls = capture(model, args, example_kwargs, sync=be.synchronize, workload=workload)
     except MetalAccelError as exc:
         if strict:
             raise
@@ -134,7 +139,8 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         return report
     kwargs = dict(example_kwargs or {})
     choices = [(r.name, r.status, r.key) for r in report.modules if r.status != "eager"]
-    mkey = model_verdicts.model_key(model, args, kwargs, be.name, choices)
+    mkey = model_verdicts.model_key(model, args, kwargs, be.name, choices,
+                                    workload=getattr(workload, "__qualname__", "workload") if workload else "")
     cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
     if cached is not None:
         e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
@@ -153,7 +159,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     if _composes(model, report) or whole is not None:
         try:
             e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
-                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole)
+                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload)
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:

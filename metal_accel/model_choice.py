@@ -140,15 +140,18 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
 
 
 def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
-                     sync: Callable[[], None], budget_s: float, whole: Any = None) -> EndToEnd | None:
+                     sync: Callable[[], None], budget_s: float, whole: Any = None,
+                     workload: Callable[[nn.Module], Any] | None = None) -> EndToEnd | None:
     """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
     WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
-    installed for the example's call signature when it beats both eager and the per-module choices."""
+    installed for the example's call signature when it beats both eager and the per-module choices.
+    WORKLOAD: the model run as the application runs it (a short generate()); when given, it is what is timed
+    (its decode steps included), the whole-model compile taking the example's calls within it."""
     groups = choice_groups(model, report)
     if not groups and whole is None:
         return None
     try:
-        return _prove(model, args, kwargs, report, sync, budget_s, groups, whole)
+        return _prove(model, args, kwargs, report, sync, budget_s, groups, whole, workload)
     finally:
         for module in model.modules():  # the dispatchers' counters are the user's calls, not these
             disp = dispatcher_of(module)
@@ -157,10 +160,11 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
 
 
 def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
-           sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]], whole: Any) -> EndToEnd:
+           sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]], whole: Any,
+           workload: Callable[[nn.Module], Any] | None = None) -> EndToEnd:
 
     def run() -> Any:
-        return model(*args, **kwargs)
+        return model(*args, **kwargs) if workload is None else workload(model)
 
     def run_eager() -> Any:
         with eager_only():
@@ -170,7 +174,8 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
     if groups:
         contenders["optimized"] = run
     if whole is not None:
-        contenders["whole"] = lambda: whole(args, kwargs, [])
+        contenders["whole"] = (lambda: whole(args, kwargs, [])) if workload is None else \
+            _with_whole(run, model, call_signature(args, kwargs), whole)
     samples, block = time_contenders(contenders, sync, budget_s)
     log_noise = _log_noise([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
     noise = math.exp(log_noise) - 1
@@ -256,6 +261,20 @@ def _mark_whole(model: nn.Module, report: OptimizeReport, speedup: float) -> Non
         if rep.name == root:
             rep.status, rep.source, rep.speedup = "compile", f"builtin:{WHOLE}", speedup
             rep.reason = f"{WHOLE}: {speedup:.2f}x eager end to end (model_choice)"
+
+
+def _with_whole(run: Callable[[], Any], model: nn.Module, signature: tuple, whole: Any) -> Callable[[], Any]:
+    """RUN with WHOLE installed on MODEL for SIGNATURE, and taken out again after each call."""
+    def call() -> Any:
+        had = dispatcher_of(model) is not None
+        disp = install(model, signature, whole)
+        try:
+            return run()
+        finally:
+            disp.remove(signature)
+            if not had:
+                uninstall(model)
+    return call
 
 
 def _without(run: Callable[[], Any], modules: Sequence[nn.Module]) -> Callable[[], Any]:

@@ -31,6 +31,7 @@ class ModuleCall:
     unsupported: str = ""          # why it cannot get a kernel, if it cannot
     compile_only: str = ""         # why LLM kernels are not asked for (torch.compile may still win)
     children: list[str] = field(default_factory=list)
+    from_workload: bool = False    # seen only while the user's workload ran (a decode step), not in the example call
 
     @property
     def replaceable(self) -> bool:
@@ -90,13 +91,35 @@ def changed_container(snap: Snapshot, args: tuple, kwargs: dict[str, Any]) -> st
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None, *,
-            warmup: int = 1, runs: int = 1, sync: Callable[[], None] = lambda: None) -> list[ModuleCall]:
+            warmup: int = 1, runs: int = 1, sync: Callable[[], None] = lambda: None,
+            workload: Callable[[nn.Module], Any] | None = None) -> list[ModuleCall]:
     """Run `model(*args, **kwargs)` with hooks; return the calls, hottest (inclusive time) first.
 
     After `warmup` plain runs, one run records the calls and `runs` more time them (inclusive
     wall time, hooks' own cost included: an ordering estimate; benchmarks measure precisely).
+    WORKLOAD (the model run as the application runs it, e.g. a short generate()) is captured the same way
+    after the example call; of its calls, those whose signature recurs within one run (a decode step's
+    layers, every step alike) are kept, and those seen once (shapes that grow every step) are not: no kernel
+    decided for them would run again.
     """
     kwargs = kwargs or {}
+    calls = _record_calls(model, lambda: model(*args, **kwargs), warmup, runs, sync)
+    if workload is not None:
+        seen = {(id(c.module), c.spec.key if c.spec else c.name) for c in calls}
+        for c in _record_calls(model, lambda: workload(model), 0, 1, sync):
+            if c.calls >= 2 and (id(c.module), c.spec.key if c.spec else c.name) not in seen:
+                c.from_workload = True
+                calls.append(c)
+        calls.sort(key=lambda r: r.eager_s, reverse=True)
+    by_module = {id(r.module): r.name for r in calls}
+    for r in calls:
+        r.children = [by_module[id(c)] for c in r.module.modules() if c is not r.module and id(c) in by_module]
+    return calls
+
+
+def _record_calls(model: nn.Module, go: Callable[[], Any], warmup: int, runs: int,
+                  sync: Callable[[], None]) -> list[ModuleCall]:
+    """The module calls GO makes: `warmup` plain runs, one recording run, `runs` timed runs."""
     names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
     reasons = {id(m): replaceability(m) for m in model.modules()}  # before our own hooks exist
     limits = {id(m): llm_limit(m) for m in model.modules()}
@@ -141,20 +164,16 @@ def capture(model: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None,
         # is auto-instrumented or a module already runs a kernel
         with torch.inference_mode(), eager_only():
             for _ in range(warmup):
-                model(*args, **kwargs)
+                go()
             recording = True
-            model(*args, **kwargs)
+            go()
             timing = True
             for _ in range(runs):
-                model(*args, **kwargs)
+                go()
     finally:
         for h in handles:
             h.remove()
-    calls = sorted(records.values(), key=lambda r: r.eager_s, reverse=True)
-    by_module = {id(r.module): r.name for r in calls}
-    for r in calls:
-        r.children = [by_module[id(c)] for c in r.module.modules() if c is not r.module and id(c) in by_module]
-    return calls
+    return sorted(records.values(), key=lambda r: r.eager_s, reverse=True)
 
 
 def _new_record(name: str, module: nn.Module, reason: str, args: tuple, kwargs: dict, out: Any) -> ModuleCall:

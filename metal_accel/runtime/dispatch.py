@@ -75,6 +75,10 @@ class Dispatcher:
         self.table[signature] = op
         self._first_shapes = _first_shapes(self.table)
 
+    def remove(self, signature: tuple) -> None:
+        self.table.pop(signature, None)
+        self._first_shapes = _first_shapes(self.table)
+
     def kernel_for(self, args: tuple, kwargs: dict) -> KernelOp | None:
         try:
             sig = call_signature(args, kwargs)

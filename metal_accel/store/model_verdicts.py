@@ -51,7 +51,7 @@ class ModelVerdict:
 
 
 def model_key(model: nn.Module, args: tuple, kwargs: dict[str, Any], backend: str,
-              choices: Sequence[tuple[str, str, str]]) -> str | None:
+              choices: Sequence[tuple[str, str, str]], workload: str = "") -> str | None:
     """The key of MODEL's end-to-end verdict for this call and these per-module CHOICES (name, status, entry
     key); None when the model has no fingerprint (a class without source) or the call no signature."""
     try:
@@ -61,7 +61,7 @@ def model_key(model: nn.Module, args: tuple, kwargs: dict[str, Any], backend: st
         return None
     now = config.current()
     blob = {"v": FORMAT_VERSION, "model": fingerprint, "call": signature, "backend": backend,
-            "choices": sorted(list(c) for c in choices),
+            "choices": sorted(list(c) for c in choices), "workload": workload,
             "settings": {"precision": now.precision, "margin": now.margin, "compile": now.compile}}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 

@@ -1,0 +1,80 @@
+"""optimize(workload=...): the calls a running application makes (decode steps) are captured and timed."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from metal_accel.core.specs import call_signature
+from metal_accel.model_choice import DROPPED, prove_end_to_end
+from metal_accel.report import ModuleReport, OptimizeReport
+from metal_accel.runtime.capture import capture
+from metal_accel.runtime.dispatch import dispatcher_of, install
+
+
+class Mix(nn.Module):
+    """Attends to a past that grows every step: its signature never repeats."""
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        return x + past.mean(1, keepdim=True)
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix, self.mlp = Mix(), nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None) -> torch.Tensor:
+        past = x if past is None else torch.cat([past, x], 1)
+        return self.mlp(self.mix(x, past)), past
+
+
+def decode(model: nn.Module, steps: int = 5) -> torch.Tensor:
+    x = torch.ones(1, 4, 8)
+    y, past = model(x)
+    for _ in range(steps):
+        y, past = model(y[:, -1:], past)
+    return y
+
+
+def test_a_workload_adds_the_calls_that_repeat_in_it_and_not_those_that_grow():
+    model = Decoder().eval()
+    calls = capture(model, (torch.randn(2, 6, 8),), workload=decode)
+    example = [c for c in calls if not c.from_workload]
+    steps = [c for c in calls if c.from_workload]
+    assert {c.spec.args[0].shape for c in example if c.name == "mlp"} == {(2, 6, 8)}
+    step_mlp = [c for c in steps if c.name == "mlp"]
+    assert len(step_mlp) == 1 and step_mlp[0].spec.args[0].shape == (1, 1, 8) and step_mlp[0].calls == 5
+    assert not [c for c in steps if c.name == "mix"]  # a growing past: a new signature every step
+    assert not [c for c in steps if c.spec.args[0].shape == (1, 4, 8)]  # the prompt: once per run
+
+
+def slow(t: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    y = t
+    for _ in range(3000):
+        y = y + 0.0
+    return module(y)
+
+
+class Op:
+    def __init__(self, fn) -> None:
+        self.name, self.fn = "op", fn
+
+    def __call__(self, args: tuple, kwargs: dict, state: list) -> torch.Tensor:
+        return self.fn(args[0])
+
+
+def test_the_end_to_end_stage_times_the_workload_and_drops_a_choice_that_slows_it():
+    model = Decoder().eval()
+    step = torch.randn(1, 1, 8)
+    calls = []
+    install(model.mlp, call_signature((step,), {}), Op(lambda t: slow(t, nn.Sequential(*model.mlp))))
+    report = OptimizeReport("cpu", "test")
+    report.modules = [ModuleReport("mlp", "torch.nn.Sequential", "float32[1,1,8]", "kernel", "proven alone")]
+
+    def workload(m: nn.Module) -> torch.Tensor:
+        calls.append(1)
+        return decode(m)
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              workload=workload)
+    assert calls and result is not None and result.speedup < 1.0, result
+    assert dispatcher_of(model.mlp) is None and report.modules[0].reason == DROPPED
