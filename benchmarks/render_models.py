@@ -89,11 +89,14 @@ def section(results: list[dict]) -> str:
         dec = gen.get("decode_vs_eager", {}).get("optimize") if gen else None
         dec_s = "–" if row.get("kind") != "lm" else _x(dec)
         if dec is not None and gen.get("decode_tok_s", {}).get("eager"):
-            dec_s += f" ({gen['decode_tok_s']['eager']:.0f} tok/s eager)"
+            dec_s += f" ({gen['decode_tok_s']['eager']:.0f} tok/s eager"
+            dec_s += f", noise {gen['self_noise'] * 100:.0f}%)" if gen.get("self_noise") is not None else ")"
         secs = row.get("optimize_s")
         secs_s = "–" if secs is None else f"{secs:.0f}"
         if row.get("optimize_warm_s") is not None:
-            secs_s += f" (warm {row['optimize_warm_s']:.1f})"
+            first = row.get("warm_first_call_s")
+            secs_s += f" (warm {row['optimize_warm_s']:.1f}" + (f" + first call {first:.1f})" if first is not None
+                                                                  else ")")
         noise = fwd.get("self_noise")
         cells = [row.get("model", "?"), row.get("dtype", "?"), _device(res), opt, _x(fwd.get("optimize_vs_compile")),
                  _x(sp.get("import")) + _outputs_flag(row, "import") + _patched(row), dec_s, secs_s, _tokens(row),
@@ -101,8 +104,10 @@ def section(results: list[dict]) -> str:
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     notes = ("Forward latency of the whole model as it runs (blocks of back-to-back calls, one synchronization "
              "each, contenders in balanced order, median over rounds); decode tokens/s from greedy generate() "
-             "(32 new tokens after a 32-token prompt). optimize() s: cold, with a fresh user cache (warm: again "
-             "on the cache it filled). self-noise: eager timed against itself in the same run; ratios within it "
+             "(32 new tokens after a 32-token prompt; decode time per round compared within the round; noise: eager "
+             "against itself). optimize() s: cold, with a fresh user cache (warm: again on the cache it filled, in "
+             "a new process where the run records it, with the first forward after it, where a whole-model "
+             "compile it installed compiles). self-noise: eager timed against itself in the same run; ratios within it "
              "are a tie. Per model: [Model zoo, per model](#model-zoo-per-model).")
     return "\n".join(lines) + "\n\n" + notes + "\n"
 
