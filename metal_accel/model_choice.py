@@ -53,6 +53,7 @@ class EndToEnd:
     whole_speedup: float | None = None                 # the model compiled whole, when tried
     decision: str = ""
     outcome: str = "modules"                           # "whole", "modules" (some maybe dropped) or "eager"
+    workload: dict[str, Any] | None = None             # the workload's own stage, when one was given
     cached: bool = False                               # applied from a model-level verdict this user's library made
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,13 +146,29 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
     """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
     WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
     installed for the example's call signature when it beats both eager and the per-module choices.
-    WORKLOAD: the model run as the application runs it (a short generate()); when given, it is what is timed
-    (its decode steps included), the whole-model compile taking the example's calls within it."""
+    WORKLOAD: the model run as the application runs it (a short generate()); when given, the per-module
+    choices left after that are timed on it too (its decode steps included) and dropped where they slow it."""
     groups = choice_groups(model, report)
     if not groups and whole is None:
         return None
     try:
-        return _prove(model, args, kwargs, report, sync, budget_s, groups, whole, workload)
+        result = _prove(model, args, kwargs, report, sync, budget_s, groups, whole)
+        if workload is None:
+            return result
+        # the workload's calls are mostly others than the example's (decode steps): its own stage judges the
+        # per-module choices on it; a whole-model compile installed for the example's signature stays
+        per_module = _groups(model, report)
+        if not per_module:
+            return result
+        w = _prove(model, args, kwargs, report, sync, budget_s, per_module, None, workload)
+        result.workload = {k: getattr(w, k) for k in ("eager_us", "optimized_us", "speedup", "self_noise", "rounds",
+                                                       "final_speedup", "decision")}
+        result.dropped += [d for d in w.dropped if d not in result.dropped]
+        if result.outcome != "whole" and not _groups(model, report):
+            result.outcome, result.final_speedup = "eager", 1.0
+        log.info("metal_accel: end to end on the workload: %.2fx eager%s", w.final_speedup or w.speedup,
+                 f" ({w.decision})" if w.decision else "")
+        return result
     finally:
         for module in model.modules():  # the dispatchers' counters are the user's calls, not these
             disp = dispatcher_of(module)
@@ -159,9 +176,17 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
                 disp.hits = disp.misses = 0
 
 
+def _groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn.Module]]:
+    """The installed per-module choices: choice_groups without the model's own call (a whole-model compile)."""
+    out = {name: [m for m in mods if m is not model] for name, mods in choice_groups(model, report).items()}
+    return {name: mods for name, mods in out.items() if mods}
+
+
 def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
            sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]], whole: Any,
            workload: Callable[[nn.Module], Any] | None = None) -> EndToEnd:
+    """One stage: the example call (WORKLOAD None) or the workload, timed with GROUPS installed; whole-model
+    compile, when given, in the same rotation."""
 
     def run() -> Any:
         return model(*args, **kwargs) if workload is None else workload(model)
@@ -174,8 +199,7 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
     if groups:
         contenders["optimized"] = run
     if whole is not None:
-        contenders["whole"] = (lambda: whole(args, kwargs, [])) if workload is None else \
-            _with_whole(run, model, call_signature(args, kwargs), whole)
+        contenders["whole"] = lambda: whole(args, kwargs, [])
     samples, block = time_contenders(contenders, sync, budget_s)
     log_noise = _log_noise([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
     noise = math.exp(log_noise) - 1
@@ -211,18 +235,19 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             result.dropped.append(name)
             log.info("metal_accel: dropped %s: the model ran faster without it", name)
     result.final_speedup = speedup
-    if result.dropped and choice_groups(model, report):
+    if result.dropped and _groups(model, report):
         final, _ = time_contenders({"eager": run_eager, "optimized": run}, sync, budget_s / 2)
         result.final_speedup = _paired_median(final["eager"], final["optimized"])
     if slower(result.final_speedup):
-        for modules in choice_groups(model, report).values():
+        for name, modules in _groups(model, report).items():
             for m in modules:
                 uninstall(m)
+            result.dropped.append(name)
         result.decision = f"every module choice dropped: the optimized model ran {result.final_speedup:.2f}x eager"
         result.outcome = "eager"
     elif result.dropped:
         result.decision = "dropped " + ", ".join(result.dropped)
-    if not choice_groups(model, report):
+    if not _groups(model, report):
         result.final_speedup = 1.0  # eager, as it is
         result.outcome = "eager"
     _mark_dropped(model, report)
@@ -239,16 +264,14 @@ def apply_verdict(model: nn.Module, args: tuple, kwargs: dict[str, Any], report:
     result = EndToEnd(**{"eager_us": 0.0, "optimized_us": 0.0, "speedup": 1.0, "self_noise": 0.0, "rounds": 0,
                          "calls_per_block": 0, **fields})
     result.cached, result.outcome = True, outcome
-    groups = choice_groups(model, report)
     if outcome == "whole":
         install(model, call_signature(args, kwargs), whole())
         _mark_whole(model, report, result.whole_speedup or result.final_speedup or 1.0)
-    else:
-        for name, modules in groups.items():
-            if outcome == "eager" or name in dropped:
-                for m in modules:
-                    uninstall(m)
-        _mark_dropped(model, report)
+    for name, modules in _groups(model, report).items():
+        if outcome == "eager" or name in dropped:
+            for m in modules:
+                uninstall(m)
+    _mark_dropped(model, report)
     result.decision = (result.decision + "; " if result.decision else "") + \
         "as decided by an earlier optimize() of this model here (model-level verdict, not timed again)"
     return result
@@ -261,20 +284,6 @@ def _mark_whole(model: nn.Module, report: OptimizeReport, speedup: float) -> Non
         if rep.name == root:
             rep.status, rep.source, rep.speedup = "compile", f"builtin:{WHOLE}", speedup
             rep.reason = f"{WHOLE}: {speedup:.2f}x eager end to end (model_choice)"
-
-
-def _with_whole(run: Callable[[], Any], model: nn.Module, signature: tuple, whole: Any) -> Callable[[], Any]:
-    """RUN with WHOLE installed on MODEL for SIGNATURE, and taken out again after each call."""
-    def call() -> Any:
-        had = dispatcher_of(model) is not None
-        disp = install(model, signature, whole)
-        try:
-            return run()
-        finally:
-            disp.remove(signature)
-            if not had:
-                uninstall(model)
-    return call
 
 
 def _without(run: Callable[[], Any], modules: Sequence[nn.Module]) -> Callable[[], Any]:
