@@ -60,7 +60,8 @@ for step in "$@"; do
       LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) ))
       HF_HUB_OFFLINE=1 timeout -s INT -k 20 $LEFT python3 benchmarks/models.py --device cuda --dtype ${ZOO_DTYPES:-fp32,bf16} \
         --models ${ZOO_MODELS:-llama,bert} --model-timeout ${ZOO_TIMEOUT:-240} --out "$OUT" ${ZOO_ARGS:-} 2>&1 \
-        | grep -v Warning | tee /tmp/zoo.log | tail -${ZOO_TAIL:-30} ;;
+        | grep -v Warning | tee /tmp/zoo.log | tail -${ZOO_TAIL:-30}
+      mkdir -p "$OUT/zoo_logs"; cp /tmp/ma_zoo_logs_*/*.log "$OUT/zoo_logs/" 2>/dev/null ;;
     cpu)
       mkdir -p "$OUT/cpu"
       { lscpu; free -g; gcc --version | head -1; } > "$OUT/cpu/machine.txt" 2>&1

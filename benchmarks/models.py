@@ -265,6 +265,7 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
     """Everything measured for one model and dtype (errors recorded, not raised)."""
     import metal_accel  # first, as a user would: its import hook sees transformers' and torchvision's imports
     from metal_accel.auto import hook
+    _log_progress()
     import torch
     import transformers  # noqa: F401  (imported under the hook)
     try:
@@ -362,6 +363,13 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
 WORKLOAD_TOKENS = 8
 
 
+def _log_progress() -> None:
+    """metal_accel's progress lines (one per decided call, stage times) into the child's log."""
+    import logging
+    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)
+    logging.getLogger("metal_accel").setLevel(logging.INFO)
+
+
 def workload_of(b: Built, args: tuple) -> Callable[[Any], Any] | None:
     """What optimize() is told the application runs (docs/usage.md): for an LM, a short generate() from the
     prompt the benchmark uses, so its decode steps are captured and timed end to end; else None."""
@@ -382,6 +390,7 @@ def run_warm(name: str, device: str, dtype_name: str) -> dict:
     import metal_accel
     from metal_accel.auto import hook
     import torch
+    _log_progress()
     hook.deactivate()
     dtype = getattr(torch, DTYPES[dtype_name])
     b = build(name, device, device.startswith(("cuda", "mps")))

@@ -116,7 +116,7 @@ def _log_noise(ratios: list[float]) -> float:
 @contextmanager
 def suspended(modules: Sequence[nn.Module]) -> Iterator[None]:
     """MODULES run their own forward inside the block; their dispatchers are put back afterwards."""
-    saved = [(m, dispatcher_of(m)) for m in modules]
+    saved = [(m, dispatcher_of(m)) for m in {id(m): m for m in modules}.values()]
     for m, disp in saved:
         if disp is not None:
             del m.__dict__["forward"]
@@ -136,7 +136,9 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
         module = by_name.get(rep.name)
         if rep.status == "eager" or module is None or dispatcher_of(module) is None:
             continue
-        groups.setdefault(f"{rep.module_class.rsplit('.', 1)[-1]}: {rep.status}", []).append(module)
+        group = groups.setdefault(f"{rep.module_class.rsplit('.', 1)[-1]}: {rep.status}", [])
+        if not any(m is module for m in group):  # one module, several signatures (the example's, a decode step's)
+            group.append(module)
     return groups
 
 

@@ -80,3 +80,16 @@ def test_the_end_to_end_stage_times_the_workload_and_drops_a_choice_that_slows_i
     assert result.workload["speedup"] < 1.0 and result.dropped == ["Sequential: kernel"], result
     assert dispatcher_of(model.mlp) is None and report.modules[0].reason == DROPPED
 
+
+
+def test_a_module_chosen_for_two_signatures_is_one_member_of_its_group():
+    model = Decoder().eval()
+    for shape in ((1, 1, 8), (2, 6, 8)):
+        install(model.mlp, call_signature((torch.randn(shape),), {}), Op(lambda t: slow(t, nn.Sequential(*model.mlp))))
+    report = OptimizeReport("cpu", "test")
+    report.modules = [ModuleReport("mlp", "torch.nn.Sequential", spec, "kernel", "proven alone")
+                      for spec in ("float32[2,6,8]", "float32[1,1,8]")]
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              workload=decode)
+    assert result is not None and result.dropped == ["Sequential: kernel"], result
+    assert dispatcher_of(model.mlp) is None and all(r.reason == DROPPED for r in report.modules)
