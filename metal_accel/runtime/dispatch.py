@@ -66,6 +66,7 @@ class Dispatcher:
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: dict[tuple, KernelOp | None] = {}
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
+        self._arities: frozenset[int] = frozenset()
         # kernels are proven with the subtree in eval mode; in training mode it runs eager. The flags watched:
         # the module's own, and those of descendants whose code reads theirs (BatchNorm, Dropout, ...)
         self._mode_flags = tuple(m.__dict__ for i, m in enumerate(module.modules())
@@ -73,11 +74,15 @@ class Dispatcher:
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
-        self._first_shapes = _first_shapes(self.table)
+        self._table_changed()
 
     def remove(self, signature: tuple) -> None:
         self.table.pop(signature, None)
+        self._table_changed()
+
+    def _table_changed(self) -> None:
         self._first_shapes = _first_shapes(self.table)
+        self._arities = frozenset(len(sig) for sig in self.table)  # arguments per call, keywords included
 
     def kernel_for(self, args: tuple, kwargs: dict) -> KernelOp | None:
         try:
@@ -113,27 +118,30 @@ class Dispatcher:
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) or self.in_training() \
+        if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) \
                 or _tracing_state() is not None:  # torch.jit.trace records the module's own forward
             return self.original(*args, **kwargs)
-        shapes = self._first_shapes
-        if self.resolver is None and shapes is not None and args and type(args[0]) is torch.Tensor \
-                and args[0].shape not in shapes:  # the common miss, decided without a full signature
+        if self.resolver is None:  # the common misses, decided without a full signature
+            shapes = self._first_shapes
+            if len(args) + len(kwargs) not in self._arities or (
+                    shapes is not None and args and type(args[0]) is torch.Tensor and args[0].shape not in shapes):
+                self.misses += 1
+                return self.original(*args, **kwargs)
+        if self.in_training():
+            return self.original(*args, **kwargs)
+        op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
+        if op is None:
             self.misses += 1
             return self.original(*args, **kwargs)
         state = self.layout.gather()
         if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
                                         or any(t.requires_grad for t in input_tensors(args, kwargs))):
             self.grad_calls += 1
-            if self.grad_calls == 1 and self.table:
+            if self.grad_calls == 1:
                 warnings.warn(f"metal_accel: {self.module_name} runs eager: autograd is recording and its "
                               "tensors require grad (kernels have no backward); call the model under "
                               "torch.inference_mode() or torch.no_grad() to run its kernels", UserWarning, stacklevel=3)
             return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
-        op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
-        if op is None:
-            self.misses += 1
-            return self.original(*args, **kwargs)
         try:
             out = op(args, kwargs, state)
         except Exception as exc:
@@ -141,7 +149,7 @@ class Dispatcher:
                 raise
             self.table = {s: o for s, o in self.table.items() if o is not op}
             self._resolved = {s: (None if o is op else o) for s, o in self._resolved.items()}
-            self._first_shapes = _first_shapes(self.table)
+            self._table_changed()
             self.failures[op.name] = f"{type(exc).__name__}: {exc}"
             log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
             return self.original(*args, **kwargs)
