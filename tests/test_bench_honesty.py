@@ -14,7 +14,13 @@ from metal_accel.kernelbench import sizes
 from metal_accel.kernelbench.problems import load_problems
 from metal_accel.kernelbench.report import markdown
 from metal_accel.kernelbench.result import Row, SuiteResult, call_counts
-from metal_accel.kernelbench.timing import balanced_sequence, interleave
+from metal_accel.kernelbench.timing import interleave
+from metal_accel.proof.rotation import (
+    Contender,
+    balanced_calls,
+    balanced_sequence,
+    time_blocks,
+)
 from metal_accel.report import COVERED, ModuleReport
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kernelbench"
@@ -67,6 +73,25 @@ def test_each_contender_runs_right_after_each_other_equally_often():
     assert max(pairs.values()) - min(pairs.values()) <= 1, pairs  # ... as often as right after eager
     assert len({len(t) for t in times.values()}) == 1 and min(map(len, times.values())) >= 30
     assert all(Counter(timed)[n] == len(times[n]) for n in names)
+
+
+@pytest.mark.parametrize("n,samples", [(2, 5), (3, 6), (4, 7), (5, 1)])
+def test_whole_rounds_give_every_contender_the_same_number_of_calls(n, samples):
+    calls = balanced_calls([f"c{i}" for i in range(n)], samples)
+    counts = Counter(calls)
+    assert len(set(counts.values())) == 1 and min(counts.values()) >= samples
+    pairs = _pairs(calls + calls[:1])  # closed onto the next round
+    assert set(pairs) == set(permutations(counts, 2)) and len(set(pairs.values())) == 1
+
+
+def test_blocks_run_enter_and_leave_outside_the_timed_span_and_sync_each_block():
+    log: list[str] = []
+    cs = [Contender("a", lambda: log.append("a")), Contender("b", lambda: log.append("b"),
+                                                             lambda: log.append("on"), lambda: log.append("off"))]
+    times = time_blocks(cs, 3, 4, lambda: log.append("sync"))
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4}
+    assert log[:5] == ["sync", "a", "a", "a", "sync"]
+    assert log[5:11] == ["on", "sync", "b", "b", "b", "sync"] and log[11] == "off"
 
 
 @pytest.mark.slow
