@@ -8,6 +8,7 @@ from itertools import pairwise, permutations
 from pathlib import Path
 
 import pytest
+import torch
 
 import metal_accel.kernelbench.problem as kp
 from metal_accel.kernelbench import sizes
@@ -116,6 +117,54 @@ def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_round
     md = markdown(res)
     assert "self-noise (eager timed against a second copy of itself" in md
     assert f"| {100 * row.self_noise:.1f}% |" in md  # the row's own noise column
+
+
+# ---------------------------------------------------------------- the final check's precision rule
+
+LINEAR = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def get_inputs():
+    return [torch.randn(32, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("precision", ["eager", "compile"])
+def test_the_final_check_of_the_optimized_output_uses_the_runs_precision_rule(tmp_path, monkeypatch, precision):
+    """The bench's own check of the optimized model judges by the rule the proof used: the run's precision
+    setting and eager's reduced-precision flags for the ops it ran (here oneDNN's bf16 float32 matmuls),
+    not float32's default."""
+    rules: list = []
+    real = kp.spot_check
+    monkeypatch.setattr(kp, "spot_check", lambda sets, ref64=None, rule=None: rules.append(rule)
+                        or real(sets, ref64, rule))
+    if precision == "compile":
+        monkeypatch.setenv("METAL_ACCEL_PRECISION", "compile")
+    p = _problem(tmp_path, "3_Linear", LINEAR)
+    saved = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        row = kp.run_problem(p, [], backend="cpu", device="cpu", with_compile=False, budget_s=0.0)
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = saved
+    (rule,) = rules
+    assert row.output_ok, row.reason
+    if precision == "compile":
+        assert rule.compile
+    else:
+        assert rule.name == "eager" and ("cpu", "matmul", "bf16") == rule.reduced[0][:3], rule
 
 
 # ---------------------------------------------------------------- the cap
