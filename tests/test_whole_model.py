@@ -9,10 +9,10 @@ from torch import nn
 
 import metal_accel
 from metal_accel.model_choice import WHOLE, prove_end_to_end
-from metal_accel.report import ModuleReport, OptimizeReport
-from metal_accel.runtime.dispatch import dispatcher_of
 from metal_accel.proof.testdata import like_example
 from metal_accel.proof.validate import to_float64
+from metal_accel.report import ModuleReport, OptimizeReport
+from metal_accel.runtime.dispatch import dispatcher_of
 from metal_accel.whole_model import output_tensors, prove_whole_model
 
 
