@@ -18,7 +18,8 @@ Per model and dtype, four contenders on copies of one model with the same weight
   warm optimize() of another copy on the cache the first one filled);
 - import: `import metal_accel` alone (the hook's patched classes, on for this contender's calls only).
 Forward latency: blocks of back-to-back calls with one device synchronization at the end, contenders
-in a balanced (Williams) order so each follows each other equally often, several rounds; medians.
+in a balanced order so each follows each other equally often (metal_accel/proof/rotation.py: whole
+rounds of N * (N - 1) blocks, at least --rounds of each contender); medians.
 Decoder LMs also run generate() (greedy, fixed prompt, N new tokens, EOS off): prefill tokens/s from
 a 1-token generate(), decode tokens/s from the rest, and the tokens compared with eager's.
 Writes DIR/<device>-<date>-<time>.json: command, machine, date, versions, settings and one row per
@@ -41,7 +42,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from metal_accel.proof.rotation import Contender
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -171,50 +175,6 @@ def sync_fn(device: str) -> Callable[[], None]:
     return lambda: None
 
 
-def balanced_orders(n: int) -> list[list[int]]:
-    """A Williams design: rows in which every contender directly follows every other equally often."""
-    first, lo, hi = [0], 1, n - 1
-    for j in range(1, n):
-        if j % 2:
-            first.append(lo)
-            lo += 1
-        else:
-            first.append(hi)
-            hi -= 1
-    rows = [[(x + i) % n for x in first] for i in range(n)]
-    return rows + [r[::-1] for r in rows] if n % 2 else rows
-
-
-@dataclass
-class Contender:
-    name: str
-    call: Callable[[], Any]
-    enter: Callable[[], None] = lambda: None
-    leave: Callable[[], None] = lambda: None
-
-
-def time_blocks(contenders: list[Contender], calls_per_block: int, rounds: int, sync: Callable[[], None]
-                ) -> dict[str, list[float]]:
-    """Seconds per call of each contender: one sample per round, each a block of back-to-back calls
-    closed by one synchronization, contenders in balanced order."""
-    orders = balanced_orders(len(contenders))
-    samples: dict[str, list[float]] = {c.name: [] for c in contenders}
-    for r in range(rounds):
-        for i in orders[r % len(orders)]:
-            c = contenders[i]
-            c.enter()
-            try:
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(calls_per_block):
-                    c.call()
-                sync()
-                samples[c.name].append((time.perf_counter() - t0) / calls_per_block)
-            finally:
-                c.leave()
-    return samples
-
-
 def main_tensor(out: Any) -> Any:
     import torch
     if isinstance(out, torch.Tensor):
@@ -265,6 +225,7 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
     """Everything measured for one model and dtype (errors recorded, not raised)."""
     import metal_accel  # first, as a user would: its import hook sees transformers' and torchvision's imports
     from metal_accel.auto import hook
+    from metal_accel.proof.rotation import Contender, time_blocks
     _log_progress()
     import torch
     import transformers  # noqa: F401  (imported under the hook)
@@ -437,6 +398,8 @@ def _generate(models: dict, contenders: list[Contender], ids: Any, new: int, rou
               sync: Callable[[], None], row: dict) -> dict:
     """Prefill and decode tokens/s of each contender's generate(), and whether its tokens match eager's."""
     import torch
+
+    from metal_accel.proof.rotation import balanced_calls
     prompt = ids[:1, :32]
     res: dict[str, Any] = {"prompt_tokens": int(prompt.shape[1]), "new_tokens": new, "rounds": rounds}
     gens = list(contenders)  # eager_again: generate()'s self-noise too
@@ -460,20 +423,17 @@ def _generate(models: dict, contenders: list[Contender], ids: Any, new: int, rou
                 c.leave()
         prefill: dict[str, list[float]] = {c.name: [] for c in gens}
         full: dict[str, list[float]] = {c.name: [] for c in gens}
-        orders = balanced_orders(len(gens))
-        for r in range(rounds):
-            for i in orders[r % len(orders)]:
-                c = gens[i]
-                c.enter()
-                try:
-                    for n, store in ((1, prefill), (new, full)):
-                        sync()
-                        t0 = time.perf_counter()
-                        _generate_ids(models[c.name], prompt, n)
-                        sync()
-                        store[c.name].append(time.perf_counter() - t0)
-                finally:
-                    c.leave()
+        for c in balanced_calls(gens, rounds):
+            c.enter()
+            try:
+                for n, store in ((1, prefill), (new, full)):
+                    sync()
+                    t0 = time.perf_counter()
+                    _generate_ids(models[c.name], prompt, n)
+                    sync()
+                    store[c.name].append(time.perf_counter() - t0)
+            finally:
+                c.leave()
     ptoks = prompt.numel()
     res["first_call_s"] = first
     res["samples_s"] = {"prefill": prefill, "full": full}
@@ -613,8 +573,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="fp32", help="comma-separated: fp32, bf16, fp16")
     p.add_argument("--models", default=",".join(ZOO), help="comma-separated, from: " + ", ".join(ZOO))
-    p.add_argument("--rounds", type=int, default=10, help="forward timing rounds (10: two balanced sets of 5)")
-    p.add_argument("--gen-rounds", type=int, default=4, help="generate() timing rounds")
+    p.add_argument("--rounds", type=int, default=10, help="forward samples of each contender, at least (whole balanced rounds: 12 for 5 contenders)")
+    p.add_argument("--gen-rounds", type=int, default=4, help="generate() samples of each contender, at least (whole balanced rounds)")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--block-s", type=float, default=None, help="seconds per block of calls (default 0.2 CPU, 0.05 GPU)")
     p.add_argument("--model-timeout", type=float, default=1800.0, help="seconds one model and dtype may take")

@@ -12,7 +12,6 @@ timing eager against itself (at least 2%: differences smaller than that are not 
 """
 from __future__ import annotations
 
-import itertools
 import math
 import logging
 import statistics
@@ -26,6 +25,7 @@ from torch import nn
 
 from .report import COVERED, OptimizeReport
 from .core.specs import call_signature
+from .proof.rotation import time_blocks
 from .runtime.dispatch import dispatcher_of, eager_only, install, uninstall
 
 log = logging.getLogger(__name__)
@@ -65,16 +65,10 @@ class EndToEnd:
         return text + (f"; {self.decision}" if self.decision else "")
 
 
-def balanced_orders(names: Sequence[str], rounds: int) -> list[tuple[str, ...]]:
-    """ROUNDS orders of NAMES cycling through all permutations, so each contender runs after each other
-    equally often over every full cycle (a call's speed depends on what ran before it)."""
-    perms = list(itertools.permutations(names))
-    return [perms[i % len(perms)] for i in range(rounds)]
-
-
 def time_contenders(contenders: dict[str, Callable[[], Any]], sync: Callable[[], None], budget_s: float,
                     min_rounds: int = MIN_ROUNDS) -> tuple[dict[str, list[float]], int]:
-    """Per-call seconds of each contender per round: blocks of back-to-back calls, one sync per block."""
+    """Per-call seconds of each contender per round: blocks of back-to-back calls, one sync per block, in
+    proof/rotation.py's balanced order (each contender right after each other equally often)."""
     with torch.inference_mode():
         for fn in contenders.values():  # warm-up: first calls compile, allocate, fill caches
             fn()
@@ -87,17 +81,7 @@ def time_contenders(contenders: dict[str, Callable[[], Any]], sync: Callable[[],
         block = max(1, min(64, int(BLOCK_TARGET_S / per_call)))
         rounds = int(budget_s / (per_call * block * len(contenders)))
         rounds = max(min_rounds, min(MAX_ROUNDS, rounds))
-        samples: dict[str, list[float]] = {n: [] for n in contenders}
-        for order in balanced_orders(list(contenders), rounds):
-            for name in order:
-                fn = contenders[name]
-                sync()
-                t = time.perf_counter()
-                for _ in range(block):
-                    fn()
-                sync()
-                samples[name].append((time.perf_counter() - t) / block)
-    return samples, block
+        return time_blocks(contenders, block, rounds, sync), block
 
 
 def _paired_median(a: list[float], b: list[float]) -> float:

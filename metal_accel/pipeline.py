@@ -159,18 +159,19 @@ class Pipeline:
                          rejected=(entry.rejected if entry else []) + [_rejection(e) for e in losers],
                          class_source_sha=class_source_sha(type(call.module)))
         if winners:
-            new.verdicts[self.env.id] = winners[0].verdict
+            verdict = winners[0].verdict
         else:
             best = max(losers, key=lambda e: e.verdict.speedup or 0)
-            new.verdicts[self.env.id] = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
-                                                best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
-        user.put(new)
+            verdict = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
+                              best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
+        new.verdicts[self.env.id] = verdict
+        user.put(new)  # may re-key the verdicts (sealed): read VERDICT, not new.verdicts, from here on
         rep.outpaced = [f"{e.candidate.origin}: {e.verdict.reason}" for e in winners[1:]]
         if winners:
             self._install(call, key, winners[0].candidate, winners[0].op)
             self._accept(rep, winners[0].candidate, winners[0].verdict, winners[0].candidate.origin)
         else:
-            rep.reason = f"all {len(losers)} candidates rejected; best: {new.verdicts[self.env.id].reason}"
+            rep.reason = f"all {len(losers)} candidates rejected; best: {verdict.reason}"
 
     def _collect(self, call: ModuleCall, key: str, request: SynthesisRequest, rep: ModuleReport,
                  tried: set[Any], skip_compile: str = "") -> list[Evaluation]:

@@ -11,18 +11,20 @@ and times it in the same rotation; installed only for the example's call signatu
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Mapping
 
 import torch
-import torch.utils._pytree
 from torch import nn
 
 from .candidates.compile import CompiledOp, CompileTimeout, first_call
 from .core import config
-from .proof.compare import Mismatch, compare_output
+from .proof.compare import Mismatch
 from .proof.precision import PrecisionRule, recorded_call, rule_for
 from .proof.prove import float64_reference
+from .proof.testdata import like_example
+from .proof.validate import compare_or_float64, to_float64
 from .runtime.dispatch import eager_forward, eager_only
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,8 @@ MAX_DEPTH = 6
 
 def output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     """Every tensor in an output, in a fixed order: containers, mappings (ModelOutput), and the tensors held
-    by other objects (a KV cache's keys and values), a few levels deep."""
+    by other objects (a KV cache's keys and values), a few levels deep. Unlike core/specs.output_tensors
+    (pytree nodes only: what a module's op returns), objects are walked too: a model's cache is one."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if depth >= MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
@@ -48,55 +51,31 @@ def output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return [t for item in items for t in output_tensors(item, depth + 1)]
 
 
-def similar_inputs(args: tuple, kwargs: dict[str, Any], seed: int = 0) -> tuple[tuple, dict[str, Any]]:
-    """A second draw like the example: floating tensors with their mean and spread, integer tensors (token
-    ids) within their observed range; everything else as it is."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def draw(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor) or t.numel() == 0:
-            return t
-        if t.is_floating_point():
-            f = t.float()
-            return (torch.randn(t.shape, generator=gen) * f.std().clamp_min(1e-3).cpu() + f.mean().cpu()).to(t)
-        if t.dtype in (torch.int32, torch.int64):
-            lo, hi = int(t.min()), int(t.max())
-            return torch.randint(lo, hi + 1, t.shape, generator=gen, dtype=t.dtype).to(t.device)
-        return t
-    return tuple(draw(a) for a in args), {k: draw(v) for k, v in kwargs.items()}
-
-
-def _to64(tree: Any) -> Any:
-    """Floating tensors in TREE as float64 (the float64 model takes float64 inputs)."""
-    return torch.utils._pytree.tree_map_only(
-        torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, tree)
-
-
 def _check(got: Any, want: Any, rule: PrecisionRule, where: str, exact: Callable[[], Any]) -> str:
     """'' when every output tensor of GOT matches eager's (WANT) under RULE; where the plain check fails, the
     float64 outputs (EXACT(), computed then) let it pass as the proof does: a deep model's rounding (bf16
-    over several layers) differs from eager's everywhere, and only the exact value says which is right."""
+    over several layers) differs from eager's everywhere, and only the exact value says which is right.
+    The comparison is the proof's own (validate.compare_or_float64); validate.Judge itself is not used: it
+    judges a kernel's trial results (flat outputs, strides, fenced buffers, trivial-output gates), where
+    here the candidate is torch.compile's and the outputs hold objects (a KV cache) walked by output_tensors."""
     g, w = output_tensors(got), output_tensors(want)
     if len(g) != len(w):
         return f"{where}: {len(g)} output tensors, eager has {len(w)}"
-    exact_tensors: list[torch.Tensor] | None = None
-    for i, (a, b) in enumerate(zip(g, w)):
+    no64: list[str] = []
+
+    @functools.cache
+    def refs64() -> tuple | None:
         try:
-            compare_output(a, b, f"{where}: output tensor {i}", rule=rule)
-            continue
-        except Mismatch as exc:
-            plain = str(exc)
-        if exact_tensors is None:
-            try:
-                exact_tensors = output_tensors(exact())
-            except Exception as exc:  # no float64 run of this model (an op without float64): the plain verdict
-                return f"{plain} (no float64 reference: {type(exc).__name__})"
-        if len(exact_tensors) != len(w):
-            return plain
-        try:
-            compare_output(a, b, f"{where}: output tensor {i}", ref64=exact_tensors[i], rule=rule)
-        except Mismatch as exc:
-            return str(exc)
+            exact_tensors = output_tensors(exact())
+        except Exception as exc:  # no float64 run of this model (an op without float64): the plain verdict
+            no64.append(type(exc).__name__)
+            return None
+        return tuple(exact_tensors) if len(exact_tensors) == len(w) else None
+    try:
+        for i, (a, b) in enumerate(zip(g, w)):
+            compare_or_float64(a, b, f"{where}: output tensor {i}", refs64, i, rule)
+    except Mismatch as exc:
+        return str(exc) + (f" (no float64 reference: {no64[0]})" if no64 else "")
     return ""
 
 
@@ -111,14 +90,15 @@ def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
         return None, str(exc)
     except Exception as exc:
         return None, f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    for label, (a, k) in (("example inputs", (args, kwargs)), ("a second draw", similar_inputs(args, kwargs))):
+    second = like_example(args, kwargs, torch.Generator().manual_seed(0))
+    for label, (a, k) in (("example inputs", (args, kwargs)), ("a second draw", second)):
         with torch.inference_mode():
             with eager_only():
                 want, ops = recorded_call(model, a, k)
             rule = rule_for(ops, config.current().precision)
             got = op(a, k, [])
         with torch.inference_mode():
-            why = _check(got, want, rule, f"incorrect on {label}", lambda: exact(*_to64(a), **_to64(k)))
+            why = _check(got, want, rule, f"incorrect on {label}", lambda: exact(*to_float64(a), **to_float64(k)))
         if why:
             return None, why
     return op, ""

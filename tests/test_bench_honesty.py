@@ -8,13 +8,20 @@ from itertools import pairwise, permutations
 from pathlib import Path
 
 import pytest
+import torch
 
 import metal_accel.kernelbench.problem as kp
 from metal_accel.kernelbench import sizes
 from metal_accel.kernelbench.problems import load_problems
 from metal_accel.kernelbench.report import markdown
 from metal_accel.kernelbench.result import Row, SuiteResult, call_counts
-from metal_accel.kernelbench.timing import balanced_sequence, interleave
+from metal_accel.kernelbench.timing import interleave
+from metal_accel.proof.rotation import (
+    Contender,
+    balanced_calls,
+    balanced_sequence,
+    time_blocks,
+)
 from metal_accel.report import COVERED, ModuleReport
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kernelbench"
@@ -69,6 +76,25 @@ def test_each_contender_runs_right_after_each_other_equally_often():
     assert all(Counter(timed)[n] == len(times[n]) for n in names)
 
 
+@pytest.mark.parametrize("n,samples", [(2, 5), (3, 6), (4, 7), (5, 1)])
+def test_whole_rounds_give_every_contender_the_same_number_of_calls(n, samples):
+    calls = balanced_calls([f"c{i}" for i in range(n)], samples)
+    counts = Counter(calls)
+    assert len(set(counts.values())) == 1 and min(counts.values()) >= samples
+    pairs = _pairs(calls + calls[:1])  # closed onto the next round
+    assert set(pairs) == set(permutations(counts, 2)) and len(set(pairs.values())) == 1
+
+
+def test_blocks_run_enter_and_leave_outside_the_timed_span_and_sync_each_block():
+    log: list[str] = []
+    cs = [Contender("a", lambda: log.append("a")), Contender("b", lambda: log.append("b"),
+                                                             lambda: log.append("on"), lambda: log.append("off"))]
+    times = time_blocks(cs, 3, 4, lambda: log.append("sync"))
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4}
+    assert log[:5] == ["sync", "a", "a", "a", "sync"]
+    assert log[5:11] == ["on", "sync", "b", "b", "b", "sync"] and log[11] == "off"
+
+
 @pytest.mark.slow
 def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_rounds(monkeypatch):
     seen: list[dict] = []
@@ -91,6 +117,54 @@ def test_the_bench_times_eager_against_a_second_copy_of_itself_in_the_same_round
     md = markdown(res)
     assert "self-noise (eager timed against a second copy of itself" in md
     assert f"| {100 * row.self_noise:.1f}% |" in md  # the row's own noise column
+
+
+# ---------------------------------------------------------------- the final check's precision rule
+
+LINEAR = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def get_inputs():
+    return [torch.randn(32, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("precision", ["eager", "compile"])
+def test_the_final_check_of_the_optimized_output_uses_the_runs_precision_rule(tmp_path, monkeypatch, precision):
+    """The bench's own check of the optimized model judges by the rule the proof used: the run's precision
+    setting and eager's reduced-precision flags for the ops it ran (here oneDNN's bf16 float32 matmuls),
+    not float32's default."""
+    rules: list = []
+    real = kp.spot_check
+    monkeypatch.setattr(kp, "spot_check", lambda sets, ref64=None, rule=None: rules.append(rule)
+                        or real(sets, ref64, rule))
+    if precision == "compile":
+        monkeypatch.setenv("METAL_ACCEL_PRECISION", "compile")
+    p = _problem(tmp_path, "3_Linear", LINEAR)
+    saved = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        row = kp.run_problem(p, [], backend="cpu", device="cpu", with_compile=False, budget_s=0.0)
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = saved
+    (rule,) = rules
+    assert row.output_ok, row.reason
+    if precision == "compile":
+        assert rule.compile
+    else:
+        assert rule.name == "eager" and ("cpu", "matmul", "bf16") == rule.reduced[0][:3], rule
 
 
 # ---------------------------------------------------------------- the cap

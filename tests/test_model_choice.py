@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from metal_accel.core.specs import call_signature
-from metal_accel.model_choice import DROPPED, balanced_orders, prove_end_to_end
+from metal_accel.model_choice import DROPPED, prove_end_to_end, time_contenders
+from metal_accel.proof.rotation import predecessor_pairs
 from metal_accel.report import COVERED, ModuleReport, OptimizeReport
 from metal_accel.runtime.dispatch import dispatcher_of, install
 
@@ -74,14 +75,21 @@ def report_for(*entries: tuple[str, str, str]) -> OptimizeReport:
     return rep
 
 
-def test_balanced_orders_put_each_contender_after_each_other_equally_often():
-    names = ["eager", "eager_again", "optimized"]
-    orders = balanced_orders(names, 12)  # two full cycles of the 6 permutations
-    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+def test_contenders_run_in_blocks_each_right_after_each_other_equally_often():
+    calls: list[str] = []
+    names = ["eager", "eager_again", "optimized", "whole"]
+    contenders = {n: (lambda n=n: calls.append(n)) for n in names}
+    syncs: list[int] = []
+    samples, block = time_contenders(contenders, lambda: syncs.append(len(calls)), budget_s=0.0, min_rounds=6)
+    timed = calls[2 * len(names):]  # after the warm-up and the calibration call of each
+    blocks = timed[::block]
+    assert all(timed[i:i + block] == [b] * block for i, b in zip(range(0, len(timed), block), blocks))
+    follows = predecessor_pairs(blocks)
     assert set(follows) == set(itertools.permutations(names, 2))
-    assert len(set(follows.values())) == 1, follows
-    firsts = Counter(order[0] for order in orders)
-    assert len(set(firsts.values())) == 1 and len(firsts) == 3
+    assert max(follows.values()) - min(follows.values()) <= 1, follows
+    assert {len(v) for v in samples.values()} == {6}  # 2 rounds of 4 * 3 blocks, 3 of each per round
+    assert Counter(blocks) == {n: 6 for n in names}
+    assert len(syncs) >= 2 * len(blocks) and syncs[-1] == len(calls)  # a sync opens and closes every block
 
 
 def test_a_choice_that_slows_the_whole_model_is_dropped_and_the_report_says_so():

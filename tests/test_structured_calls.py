@@ -19,6 +19,7 @@ from metal_accel.core.specs import (
     UnsupportedCall,
     call_signature,
 )
+from metal_accel.proof.worker import Worker
 from metal_accel.runtime.capture import capture
 from metal_accel.runtime.dispatch import install, uninstall
 from metal_accel.runtime.ops import kernel_op
@@ -268,3 +269,142 @@ def test_bert_attention_tuple_with_none_is_replaceable():
     assert calls["BertModel"].replaceable, calls["BertModel"].unsupported  # a ModelOutput
     attn = [c for n, c in calls.items() if n.endswith("attention")]
     assert attn and all(c.replaceable for c in attn), [(c.name, c.unsupported) for c in attn]
+
+
+# --- a kernel for a structured call, proven in the confined worker -----------------------------------------
+
+
+class Rope(nn.Module):
+    """(x, (cos, sin)) -> (y, None), three rounds of a rotary-like step: an attention-shaped call whose kernel
+    takes tensors from inside a tuple and returns a tuple with None."""
+
+    def __init__(self, n: int = 64) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, n))
+
+    def forward(self, x, position_embeddings, attention_mask=None):
+        cos, sin = position_embeddings
+        for _ in range(3):
+            x = (x * cos + sin) * self.scale
+        return x, None
+
+
+class RopeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rope = Rope()
+
+    def forward(self, x, cos, sin):
+        y, _ = self.rope(x, (cos, sin))
+        return y
+
+
+ROPE_KERNEL = '''
+SOURCE = r"""
+#include <cstdint>
+extern "C" void rope(const float* x, const float* c, const float* s, const float* scale, float* out,
+                     int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      float v = x[r * n + i];
+      for (int k = 0; k < 3; ++k) {
+        float t = v * c[r * n + i];
+        t = t + s[r * n + i];
+        v = t * scale[i];
+      }
+      out[r * n + i] = v;
+    }
+  }
+}
+"""
+def forward(module, x, position_embeddings, attention_mask=None):
+    cos, sin = position_embeddings
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.rope(x.contiguous(), cos.contiguous(), sin.contiguous(), module.scale, out, x.numel() // n, n)
+    return out, None
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_kernel_of_a_structured_call_is_proven_and_soaked_in_the_worker(tmp_path, monkeypatch):
+    """The worker gets the tensors inside the call's tuple on its device, runs the trials and the speed gate's
+    calls, and reads the tuple with None that the kernel returns; only then does the gate time it here."""
+    if not metal_accel.get_backend("cpu").is_available():
+        pytest.skip("no C++ compiler")
+    folder = tmp_path / "cands" / "cpu" / "Rope"
+    folder.mkdir(parents=True)
+    (folder / "fused.py").write_text(ROPE_KERNEL)
+    requests: list[dict] = []
+    real = Worker.request
+    monkeypatch.setattr(Worker, "request", lambda self, req, *a, **k: requests.append(req) or real(self, req, *a, **k))
+    model, x, cos, sin = RopeNet().eval(), torch.randn(16, 64), torch.randn(16, 64), torch.randn(16, 64)
+    with torch.inference_mode():
+        ref = model(x, cos, sin)
+    metal_accel.optimize(model, (x, cos, sin), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False)
+    rep = next(m for m in metal_accel.explain(model).modules if m.name == "rope")
+    kinds = [r.get("kind", "trials") for r in requests]
+    assert "trials" in kinds and "soak" in kinds, kinds  # proven in the worker, and soaked there
+    pe = requests[0]["trials"][0]["args"][1]
+    assert type(pe) is tuple and all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in pe)
+    assert rep.status == "kernel" or "not faster" in rep.reason, rep.reason
+    assert "worker" not in rep.reason and "soak" not in rep.reason, rep.reason
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x, cos, sin), ref)
+    metal_accel.restore(model)
+
+
+ROPE_CUDA_KERNEL = '''
+SOURCE = r"""
+extern "C" __global__ void rope(const float* x, const float* c, const float* s, const float* scale, float* out,
+                                long long total, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < total) {
+        float v = x[i];
+        for (int k = 0; k < 3; ++k) {
+            float t = __fmul_rn(v, c[i]);
+            t = __fadd_rn(t, s[i]);
+            v = __fmul_rn(t, scale[i % n]);
+        }
+        out[i] = v;
+    }
+}
+"""
+def forward(module, x, position_embeddings, attention_mask=None):
+    cos, sin = position_embeddings
+    out = torch.empty_like(x)
+    lib.rope(x.contiguous(), cos.contiguous(), sin.contiguous(), module.scale, out, x.numel(), x.shape[-1],
+             threads=x.numel(), group_size=256)
+    return out, None
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_gpu_kernel_of_a_structured_call_gets_its_tuples_tensors_on_the_gpu_in_the_worker(tmp_path, monkeypatch):
+    from metal_accel.backends.cuda import backend as cb
+    if not cb.nvrtc_available():
+        pytest.skip("NVRTC not installed")
+    folder = tmp_path / "cands" / "cuda" / "Rope"
+    folder.mkdir(parents=True)
+    (folder / "fused.py").write_text(ROPE_CUDA_KERNEL)
+    requests: list[dict] = []
+    real = Worker.request
+    monkeypatch.setattr(Worker, "request", lambda self, req, *a, **k: requests.append(req) or real(self, req, *a, **k))
+    model = RopeNet().cuda().eval()
+    x, cos, sin = (torch.randn(16, 64, device="cuda") for _ in range(3))
+    with torch.inference_mode():
+        ref = model(x, cos, sin)
+    metal_accel.optimize(model, (x, cos, sin), backend="cuda", providers=[f"dir:{tmp_path / 'cands'}"],
+                         end_to_end=False, progress=False)
+    rep = next(m for m in metal_accel.explain(model).modules if m.name == "rope")
+    kinds = [r.get("kind", "trials") for r in requests]
+    assert "trials" in kinds and "soak" in kinds, (kinds, rep.reason)
+    pe = requests[0]["trials"][0]["args"][1]  # crosses the pipe on the CPU; the worker moves it to the GPU
+    assert type(pe) is tuple and all(t.device.type == "cpu" for t in pe)
+    assert rep.status in ("kernel", "graph") or "not faster" in rep.reason, rep.reason
+    assert "worker" not in rep.reason and "soak" not in rep.reason, rep.reason
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x, cos, sin), ref)
+    metal_accel.restore(model)

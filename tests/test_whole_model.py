@@ -9,9 +9,11 @@ from torch import nn
 
 import metal_accel
 from metal_accel.model_choice import WHOLE, prove_end_to_end
+from metal_accel.proof.testdata import like_example
+from metal_accel.proof.validate import to_float64
 from metal_accel.report import ModuleReport, OptimizeReport
 from metal_accel.runtime.dispatch import dispatcher_of
-from metal_accel.whole_model import output_tensors, prove_whole_model, similar_inputs
+from metal_accel.whole_model import output_tensors, prove_whole_model
 
 
 class Cache:
@@ -55,12 +57,27 @@ def test_output_tensors_walk_containers_mappings_and_objects_in_a_fixed_order():
     assert output_tensors({"a": h, "b": [None, 3, "x"]})[0] is h
 
 
-def test_similar_inputs_keep_token_ids_in_their_range_and_floats_near_their_scale():
+def test_a_second_draw_keeps_token_ids_in_their_range_and_floats_near_their_scale():
     ids = torch.tensor([[3, 9, 7, 5]])
     x = torch.randn(1000) * 5 + 2
-    (ids2, x2), kw = similar_inputs((ids, x), {"flag": True})
-    assert ids2.dtype == ids.dtype and int(ids2.min()) >= 3 and int(ids2.max()) <= 9 and kw == {"flag": True}
-    assert abs(float(x2.mean()) - 2) < 1.0 and 3 < float(x2.std()) < 7 and not torch.equal(x2, x)
+    mask = torch.rand(4, 4) > 0.5
+    gen = torch.Generator().manual_seed(0)
+    (ids2, x2, (x3, mask2)), kw = like_example((ids, x, (x, mask)), {"flag": True, "one": torch.ones(1)}, gen)
+    assert ids2.dtype == ids.dtype and int(ids2.min()) >= 3 and int(ids2.max()) <= 9 and kw["flag"] is True
+    for y in (x2, x3):  # containers walked
+        assert abs(float(y.mean()) - 2) < 1.0 and 3 < float(y.std()) < 7 and not torch.equal(y, x)
+    assert mask2 is mask  # boolean masks as they are
+    assert torch.isfinite(kw["one"]).all()  # one element: no spread to scale by, yet finite values
+    channels_last = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    (cl,), _ = like_example((channels_last,), {}, gen)
+    assert cl.stride() == channels_last.stride()
+
+
+def test_float64_reference_inputs_are_copies_with_containers_walked():
+    x, cos, ids, already = torch.randn(3), torch.randn(3), torch.arange(3), torch.randn(3, dtype=torch.float64)
+    (x64, (cos64, ids64)), kw = to_float64(((x, (cos, ids)), {"k": already}))
+    assert x64.dtype == cos64.dtype == kw["k"].dtype == torch.float64 and ids64 is ids
+    assert kw["k"] is not already and torch.equal(kw["k"], already)  # a float64 input is copied too
 
 
 @pytest.mark.slow

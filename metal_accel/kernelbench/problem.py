@@ -26,7 +26,9 @@ from ..api import explain, optimize
 from ..backends import get_backend
 from ..backends.timing import time_call
 from ..candidates.directory import DirectoryProvider
+from ..core import config
 from ..core.provider import ProposedText, SynthesisRequest
+from ..proof.precision import recorded_call, rule_for
 from ..proof.prove import backend_timer, float64_reference
 from ..proof.speed import cache_flusher
 from ..proof.validate import Mismatch, spot_check
@@ -146,10 +148,14 @@ def run_problem(problem: Problem, providers: Sequence[str], *, backend: str = "c
     with torch.inference_mode():
         out = model(*sets[2])
         with eager_only():
-            expect = model(*sets[2])
-    try:  # the proof's rule: eager's tolerance, or as close to the float64 result as eager is
+            expect, ops = recorded_call(model, tuple(sets[2]), {})
+    # the proof's rule (the run's precision setting, eager's reduced-precision flags for the ops it ran):
+    # eager's tolerance, or as close to the float64 result as eager is
+    rule = rule_for(ops, config.current().precision)
+    try:
         with torch.inference_mode():
-            spot_check([(tuple(sets[2]), {})], float64_reference(model, eager_forward(model)))(out, expect, "optimized", 0)
+            spot_check([(tuple(sets[2]), {})], float64_reference(model, eager_forward(model)),
+                       rule)(out, expect, "optimized", 0)
         row.output_ok = True
     except Mismatch as exc:
         row.output_ok, row.reason = False, _mismatch_reason(model, sets[2], expect, report, exc)

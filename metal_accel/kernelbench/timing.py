@@ -1,47 +1,21 @@
-"""Side-by-side timing for `metal-accel bench`: contenders called in a balanced order.
+"""Side-by-side timing for `metal-accel bench`: contenders called one at a time in a balanced order.
 
-A call's speed depends on what ran just before it (caches, clocks, the allocator), so the order of
-the calls is part of the measurement. Here the contenders are called along a closed walk that takes
-every ordered pair of distinct contenders exactly once (an Eulerian circuit of the complete directed
-graph); repeated round after round, each contender directly follows every other equally often,
-across the rounds' boundaries too. A round of N contenders is N * (N - 1) calls on one input set,
-N - 1 samples of each.
+The order is proof/rotation.py's (each contender right after each other equally often, across rounds
+too); here every call is timed alone with the backend's timer, a round of N contenders is
+N * (N - 1) calls on one input set, N - 1 samples of each, the next round on the next input set.
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from itertools import pairwise
+from collections.abc import Callable
 from typing import Any
 
 from ..backends.timing import TimingRejected, time_call
+from ..proof.rotation import balanced_sequence
 
 Timer = Callable[..., tuple[float, Any]]
-
-
-def balanced_sequence(n: int) -> list[int]:
-    """One round of calls of N contenders (0..N-1): every ordered pair (a, b), a != b, appears once as
-    'b right after a', counting the pair that closes the round onto its first call."""
-    if n < 2:
-        return list(range(n))
-    unused = {v: [w for w in range(n) if w != v] for v in range(n)}
-    stack, walk = [0], []
-    while stack:  # Hierholzer: follow unused edges, back up when stuck
-        v = stack[-1]
-        if unused[v]:
-            stack.append(unused[v].pop())
-        else:
-            walk.append(stack.pop())
-    walk.reverse()
-    return walk[:-1]  # the circuit ends where it began: the next round's first call closes it
-
-
-def predecessor_pairs(calls: Sequence[str]) -> Counter[tuple[str, str]]:
-    """How often each contender ran right after each other in CALLS (a contender after itself not counted)."""
-    return Counter((a, b) for a, b in pairwise(calls) if a != b)
 
 
 def interleave(fns: dict[str, Callable[..., Any]], input_sets: list[tuple], sync: Callable[[], None],

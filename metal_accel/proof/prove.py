@@ -43,7 +43,7 @@ from .validate import (
     trial_batches,
     trial_plan,
 )
-from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker
+from .worker import DEFAULT_TIMEOUT_S, WorkerFailure, shared_worker, tensors_to
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def device_of(call: ModuleCall) -> torch.device:
 
 
 def _cpu(value: Any) -> Any:
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    return tensors_to(value, "cpu")  # containers too: a structured call's tensors cross the pipe on the CPU
 
 
 def float64_reference(module: torch.nn.Module, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,6 +15,7 @@ import secrets
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.utils import _pytree
 
 from ..backends.base import Backend
 from ..core.candidate import Candidate
@@ -22,8 +23,8 @@ from ..core.specs import output_tensors
 from ..runtime.dispatch import eager_only
 from .compare import Mismatch
 from .speed import compare_speed
-from .validate import spot_check, tensors_of
-from .worker import WorkerFailure, output_digest, shared_worker
+from .validate import spot_check
+from .worker import WorkerFailure, output_digest, shared_worker, tensors_to
 
 EXTRA_SAMPLES = 4             # sampled calls beyond one per input set
 SAMPLE_BYTES = 256 << 20      # ...as long as their outputs stay under this
@@ -43,7 +44,7 @@ def gate_calls() -> tuple[int, int]:
 
 
 def _cpu(v: Any) -> Any:
-    return v.detach().cpu() if isinstance(v, torch.Tensor) else v
+    return tensors_to(v, "cpu")  # containers too (a structured call's tensors)
 
 
 def distinct_sets(inputs: InputSets) -> tuple[list[tuple[list, dict]], list[int]]:
@@ -52,18 +53,31 @@ def distinct_sets(inputs: InputSets) -> tuple[list[tuple[list, dict]], list[int]
     unique: list[tuple[list, dict]] = []
     order: list[int] = []
     for args, kwargs in inputs:
-        flat = tensors_of(args, kwargs)
         for u, (ua, ukw) in enumerate(unique):
-            other = tensors_of(tuple(ua), ukw)
-            if len(other) == len(flat) and list(kwargs) == list(ukw) and all(
-                    a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b) for a, b in zip(flat, other)) \
-                    and [x for x in args if not isinstance(x, torch.Tensor)] == [x for x in ua if not isinstance(x, torch.Tensor)]:
+            if _same_set((list(args), kwargs), (ua, ukw)):
                 order.append(u)
                 break
         else:
             order.append(len(unique))
             unique.append(([_cpu(a) for a in args], {k: _cpu(v) for k, v in kwargs.items()}))
     return unique, order
+
+
+def _same_set(a: Any, b: Any) -> bool:
+    """Whether two input sets are equal: the same structure (containers such as (cos, sin) walked), equal
+    tensors (shape, dtype, values) and equal other values."""
+    leaves_a, tree_a = _pytree.tree_flatten(a)
+    leaves_b, tree_b = _pytree.tree_flatten(b)
+    if tree_a != tree_b:
+        return False
+    for x, y in zip(leaves_a, leaves_b):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape
+                    and x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
 
 
 def sample_calls(n_sets: int, calls: int, output_bytes: int) -> list[int]:

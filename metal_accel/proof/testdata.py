@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+from torch.utils import _pytree
 
 from ..core.specs import InputSpec, TensorSpec
 
@@ -229,6 +230,24 @@ def make_inputs(spec: InputSpec, dist: str, gen: torch.Generator, device: torch.
                 ) -> tuple[tuple, dict[str, Any]]:
     """Positional and keyword arguments matching `spec` (containers rebuilt), tensors freshly drawn."""
     return spec.build(lambda s: make_tensor(s, dist, gen, device))
+
+
+def like_example(args: tuple, kwargs: dict[str, Any], gen: torch.Generator) -> tuple[tuple, dict[str, Any]]:
+    """A second draw like a call's own example (a whole model's inputs, where a module's trials draw from
+    its spec): each floating tensor normal with the example's mean and spread, each int32/int64 tensor
+    (token ids) within its observed range as every trial draws it, containers walked; tensors of other
+    dtypes (boolean masks) and every other value as they are."""
+    def draw(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+            return t
+        fresh = make_tensor(TensorSpec.of(t), "normal", gen, t.device)
+        if not t.is_floating_point():
+            return fresh
+        f = t.float()[torch.isfinite(t)]  # NaN or Inf in the example set no scale
+        mean = float(f.mean()) if f.numel() else 0.0
+        std = max(float(f.std()) if f.numel() > 1 else 0.0, 1e-3)
+        return fresh * std + mean  # dense layouts keep their strides
+    return _pytree.tree_map_only(torch.Tensor, draw, (tuple(args), dict(kwargs)))
 
 
 def sweep_specs(spec: InputSpec) -> list[InputSpec]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+from torch.utils import _pytree
 
 from ..core import config
 from ..core.specs import InputSpec, input_tensors, output_tensors
@@ -283,7 +284,7 @@ class Judge:
         assert self.rule is not None
         for i, (o, r) in enumerate(zip(outs, refs)):
             o = o.to(r.device) if res["devices"][i] == str(r.device) else o
-            stats = _compare_or_float64(o, r, f"output {i}", refs64, i, self.rule)
+            stats = compare_or_float64(o, r, f"output {i}", refs64, i, self.rule)
             if r.dim() and [s for s, d in zip(res["strides"][i], r.shape) if d > 1] != \
                     [s for s, d in zip(r.stride(), r.shape) if d > 1]:
                 raise Mismatch(f"output {i}: strides {tuple(res['strides'][i])} != eager {r.stride()}")
@@ -428,11 +429,11 @@ def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | 
         if len(ks) != len(es):
             raise Mismatch(f"{label}: {len(ks)} outputs, eager returns {len(es)}")
         for i, (k, e) in enumerate(zip(ks, es)):
-            _compare_or_float64(k, e, f"{label}, output {i}", lambda: refs64(which), i, rule)
+            compare_or_float64(k, e, f"{label}, output {i}", lambda: refs64(which), i, rule)
     return check
 
 
-def _compare_or_float64(out: Any, ref: torch.Tensor, where: str, refs64: Callable[[], tuple | None],
+def compare_or_float64(out: Any, ref: torch.Tensor, where: str, refs64: Callable[[], tuple | None],
                         i: int, rule: PrecisionRule = FLOAT32_DEFAULT) -> dict[str, float]:
     """compare_output by RULE, and where the plain check fails, again by the float64 rule (which only ever
     passes more): REFS64 (the float64 outputs, None where there are none) is run only then. A failure
@@ -449,14 +450,20 @@ def _compare_or_float64(out: Any, ref: torch.Tensor, where: str, refs64: Callabl
             raise Mismatch(f"{exc} [precision rule {rule.describe()}]") from plain
 
 
+def to_float64(value: Any) -> Any:
+    """VALUE with every floating tensor in it (containers walked: (cos, sin) too) as a float64 copy, the
+    float64 reference's inputs; a copy even of float64 tensors, so a module that changes its input in place
+    leaves the caller's as it was."""
+    return _pytree.tree_map_only(torch.Tensor, lambda t: t.to(torch.float64, copy=True) if t.is_floating_point()
+                                 else t, value)
+
+
 def _reference64(reference64: Forward | None, trial: Trial) -> tuple | None:
     if reference64 is None:
         return None
-    # a copy even of float64 tensors: a module that changes its input in place must not change the trial's
-    up = lambda v: v.to(torch.float64, copy=True) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+    args, kwargs = to_float64((tuple(trial.ref_args), dict(trial.ref_kwargs)))
     try:
-        return _as_tuple(reference64(*[up(a) for a in trial.ref_args],
-                                     **{k: up(v) for k, v in trial.ref_kwargs.items()}))
+        return _as_tuple(reference64(*args, **kwargs))
     except Exception:  # the eager op has no float64 kernel: the same-dtype reference stands alone
         return None
 

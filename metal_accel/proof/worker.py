@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+from torch.utils import _pytree
 
 from ..core import config
 from ..core.config import DEFAULT_TIMEOUT_S
@@ -56,6 +57,15 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def tensors_to(value: Any, device: torch.device | str) -> Any:
+    """VALUE with every tensor in it moved to DEVICE (detached), inside tuples, lists, dicts and other pytree
+    nodes too (position embeddings as (cos, sin)): what crosses the pipe goes on the CPU, the worker runs
+    on its device."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    return _pytree.tree_map_only(torch.Tensor, lambda t: t.detach().to(device), value)
 
 
 def output_digest(outs: tuple) -> str:

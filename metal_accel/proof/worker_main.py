@@ -16,17 +16,26 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+from torch.utils import _pytree
 
 from ..backends import get_backend
 from ..core import config
 from ..core.errors import MetalAccelError
+from ..core.specs import input_tensors, output_tensors
 from ..runtime.ops import build_view
 from ..sandbox import confine
 from ..sandbox.host import load_forward
 from .prove import kernels_only
 from .trial_buffers import input_copies
 from .validate import run_trial
-from .worker import _HEADER, MEMORY_HEADROOM, REQUEST_COPIES, _read_exact, output_digest
+from .worker import (
+    _HEADER,
+    MEMORY_HEADROOM,
+    REQUEST_COPIES,
+    _read_exact,
+    output_digest,
+    tensors_to,
+)
 
 
 def _limit_memory(device: str, request_bytes: int) -> None:
@@ -96,13 +105,15 @@ def _handle(req: dict[str, Any]) -> dict[str, Any]:
     results = []
     with torch.inference_mode():
         for i, trial in enumerate(req["trials"]):
-            args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in trial["args"])
-            kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in trial["kwargs"].items()}
+            args = tuple(tensors_to(a, device) for a in trial["args"])  # (cos, sin) and the like too
+            kwargs = {k: tensors_to(v, device) for k, v in trial["kwargs"].items()}
             _scramble_free_memory(device)
             res = run_trial(lambda *a, **k: forward(view, *a, **k), args, kwargs, state,
                             repeat=(i == 0), sync=backend.synchronize)
             if "outputs" in res:
                 res["outputs"] = [o.cpu() for o in res["outputs"]]
+            if "inputs_after" in res:
+                res["inputs_after"] = {j: t.cpu() for j, t in res["inputs_after"].items()}
             results.append(res)
     return {"ok": True, "results": results, "compile_s": compile_s, "run_s": time.perf_counter() - t0 - compile_s}
 
@@ -114,10 +125,10 @@ def _soak(req: dict[str, Any], forward: Any, state: list[torch.Tensor], device: 
     of the calls in `sample` come back whole, and where the budget ended the soak first, those of each
     set's last call that no sample covered."""
     def to_dev(v: Any) -> Any:
-        return v.to(device) if isinstance(v, torch.Tensor) else v
+        return tensors_to(v, device)
 
     def copy(v: Any) -> Any:
-        return v.clone() if isinstance(v, torch.Tensor) else v
+        return _pytree.tree_map_only(torch.Tensor, torch.clone, v)
     pristine = [(tuple(map(to_dev, a)), {k: to_dev(v) for k, v in kw.items()}) for a, kw in req["sets"]]
     sets = [(tuple(map(copy, pristine[u][0])), {k: copy(v) for k, v in pristine[u][1].items()}) for u in req["order"]]
     state_before = [t.clone() for t in state]
@@ -131,9 +142,8 @@ def _soak(req: dict[str, Any], forward: Any, state: list[torch.Tensor], device: 
             if i >= req["min_calls"] and time.perf_counter() - t0 > req["budget_s"]:
                 break
             args, kwargs = sets[i % n]
-            outs = forward(*args, **kwargs)
+            outs = tuple(output_tensors(forward(*args, **kwargs)))  # containers walked, None left out, as eager's
             sync()
-            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             if not all(isinstance(o, torch.Tensor) for o in outs):
                 return {"error": f"call {i} returned {', '.join(type(o).__name__ for o in outs)}, not tensors"}
             digests.append(output_digest(outs))
@@ -146,7 +156,7 @@ def _soak(req: dict[str, Any], forward: Any, state: list[torch.Tensor], device: 
         if j not in covered:
             samples.append({"call": i, "set": j, "outputs": [o.cpu() for o in outs]})
     changed = [j for j, (a, kw) in enumerate(sets) if not _same(
-        (*a, *kw.values()), (*pristine[req["order"][j]][0], *pristine[req["order"][j]][1].values()))]
+        tuple(input_tensors(a, kw)), tuple(input_tensors(*pristine[req["order"][j]])))]
     return {"error": "", "calls": len(digests), "digests": digests, "samples": samples, "inputs_changed": changed,
             "state_changed": [i for i, (b, t) in enumerate(zip(state_before, state)) if not _same((b,), (t,))],
             "soak_s": time.perf_counter() - t0}

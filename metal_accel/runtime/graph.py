@@ -41,7 +41,7 @@ class GraphedOp:
             ptrs = [t.data_ptr() for t in live]
             if self._graph is None or ptrs != self._ptrs:
                 self._capture(args, kwargs, live, ptrs)
-            tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            tensors = call_tensors(args, kwargs)
             if len(tensors) != len(self._inputs):
                 raise RuntimeError(f"{self.name}: called with {len(tensors)} tensors, captured with {len(self._inputs)}")
             for dst, src in zip(self._inputs, tensors):
@@ -54,7 +54,7 @@ class GraphedOp:
         self._graph = None
         with torch.inference_mode(False):  # static buffers any later call may write into, in any mode
             static_args, static_kwargs = tree_map(_static_copy, (args, kwargs))
-        self._inputs = [a for a in tree_flatten((static_args, static_kwargs))[0] if isinstance(a, torch.Tensor)]
+        self._inputs = call_tensors(static_args, static_kwargs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -66,6 +66,14 @@ class GraphedOp:
             self._out = self._compiled(static_args, static_kwargs, state)
         self._graph, self._ptrs = graph, ptrs
         self.captures += 1
+
+
+def call_tensors(args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors of a call in the order of its key (core/specs.py call_signature): positional arguments,
+    then keyword arguments sorted by name, containers walked in pytree order. Calls with the same keywords
+    in another order share the key, and so the graph: their tensors must land in the same static buffers."""
+    leaves = tree_flatten((args, [kwargs[k] for k in sorted(kwargs)]))[0]
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def _static_copy(value: Any) -> Any:
