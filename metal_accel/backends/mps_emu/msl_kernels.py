@@ -116,8 +116,13 @@ def _instantiation(tk: Tokens, start: int) -> tuple[str, str, str, int]:
                            "`template [[host_name(\"name\")]] [[kernel]] decltype(fn<float>) fn<float>;`")
     fname = tk.t(lt - 1)
     args = " ".join(tk.t(q) for q in range(lt + 1, last))
-    host = attrs.get("host_name", "").strip().strip('"') or fname
-    return host, fname, args, end
+    return host_name(attrs.get("host_name", "")) or fname, fname, args, end
+
+
+def host_name(arg: str) -> str:
+    """The name a [[host_name(...)]] argument gives: its string literals, concatenated (`"rms" "float32"`)."""
+    parts = re.findall(r'"((?:\\.|[^"\\])*)"', arg)
+    return "".join(parts) if parts else arg.strip()
 
 
 def find_kernels(tk: Tokens) -> list[FoundKernel]:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...core.errors import CompileError
-from .msl_kernels import find_kernels, int_expr, substitute
+from .msl_kernels import find_kernels, host_name, int_expr, substitute
 from .msl_lang import apply_function_constants, fix_class_scope_specializations, fix_member_qualifiers
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
@@ -184,7 +184,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
         fname = tk.t(k.name_p)
         fibers = outside_sync or reaches_sync(fname)
         if not k.template_params:
-            host = k.fattrs.get("host_name", "").strip().strip('"') or fname
+            host = host_name(k.fattrs.get("host_name", "")) or fname
             params = kernel_params(tk, host, k.lp)
             kernels.append(MslKernel(host, fname, params, fibers, max_threads_per_threadgroup(host, k.fattrs)))
             continue
