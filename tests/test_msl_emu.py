@@ -529,8 +529,6 @@ def test_threadgroup_memory_is_poisoned_and_limited(b):
 
 @pytest.mark.parametrize("src,match", [
     ("kernel void k(texture2d<float> t [[texture(0)]], uint i [[thread_position_in_grid]]) {}", "textures"),
-    ("constant float c [[function_constant(0)]];\nkernel void k(device float* o) { o[0] = c; }",
-     r"function constant 'c' .* has no value: compile the source with function_constants="),
     ("template <typename T> kernel void k(device T* o) {}", "no kernel found.*host_name"),
     ("kernel void k(device float* o, uint i) { o[i] = 0; }", "thread-position attribute"),
     ('#include "other.h"\nkernel void k(device float* o) {}', "self-contained"),

@@ -6,7 +6,8 @@
 - Class-scope explicit specializations (`template <> float f<float>(float x)` inside a struct, which
   clang accepts and g++ rejects) become non-template overloads.
 - Function constants (`constant bool has_bias [[function_constant(0)]];`) become constexpr values
-  supplied at compile time; `is_function_constant_defined(name)` becomes true or false.
+  supplied at compile time; `is_function_constant_defined(name)` becomes true or false; reading one
+  that has no value is a launch error that names it.
 - `in_function_body` tells a call inside a function from a declaration in a namespace or struct.
 """
 from __future__ import annotations
@@ -114,7 +115,7 @@ def fix_member_qualifiers(tk: Tokens) -> None:
             continue
         start = _decl_start(tk, lp)
         key_tokens = [tk.t(x) for x in range(start, r + 1)] + [tk.t(x) for x in quals if x not in spaces]
-        key = (tk.opener[r], " ".join(key_tokens))
+        key = (tk.opener[lp], " ".join(t for t in key_tokens if t))
         if key in seen:
             tk.blank(start, _decl_end(tk, q))
         else:
@@ -123,8 +124,22 @@ def fix_member_qualifiers(tk: Tokens) -> None:
                 tk.set(x, "")
 
 
-def fix_class_scope_specializations(tk: Tokens) -> None:
-    """`template <> R f<A>(...)` inside a struct -> the non-template overload `R f(...)`."""
+def _class_head(tk: Tokens, o: int) -> tuple[str, bool]:
+    """(name, is a template) of the class whose body opens at O."""
+    r = o - 1
+    while r >= 0 and tk.t(r) not in ("struct", "class", "union"):
+        r -= 1
+    name = tk.t(r + 1) if tk.kind[tk.sig[r + 1]] == "id" else ""
+    return name, tk.t(r - 1) in (">", ">>")
+
+
+def fix_class_scope_specializations(tk: Tokens) -> list[tuple[int, int, int, str]]:
+    """Class-scope `template <> R f<A>(...)` (clang accepts it, g++ does not). In a non-template class at
+    namespace scope it moves out of the class as `template <> R C::f<A>(...)`, exactly its meaning: the
+    returned moves (first, last, insert-after position, class name) are done by `move_specializations`
+    after the rewrite pass. In a class template it becomes the non-template overload `R f(...)`, which
+    calls with deduced arguments choose as before (a call naming the arguments, f<A>(x), would not)."""
+    moves = []
     n = len(tk.sig)
     for p in range(n - 2):
         if not (tk.t(p) == "template" and tk.t(p + 1) == "<" and tk.t(p + 2) == ">"):
@@ -134,21 +149,45 @@ def fix_class_scope_specializations(tk: Tokens) -> None:
             continue
         q = p + 3
         while q < n and tk.t(q) not in ("(", ";", "{"):
-            q += 1
+            q = tk.match[q + 1] + 1 if tk.t(q) == "__attribute__" and tk.t(q + 1) == "(" else q + 1
         if tk.t(q) != "(":
             continue  # a member class specialization: left to the compiler
+        cname, templated = _class_head(tk, o)
+        close = tk.match[o]
+        if cname and not templated and tk.opener[o] < 0 and tk.t(close + 1) == ";":
+            end = _decl_end(tk, tk.match[q] + 1)
+            for x in range(p + 3, q):
+                if tk.t(x) in ("static", "virtual"):
+                    tk.set(x, "")
+            tk.set(q - 1 if tk.t(q - 1) not in (">", ">>") else _match_angle(tk, q - 1, p) - 1,
+                   f"{cname}::" + tk.t(q - 1 if tk.t(q - 1) not in (">", ">>") else _match_angle(tk, q - 1, p) - 1))
+            moves.append((p, end, close + 1, cname))
+            continue
         tk.blank(p, p + 2)
-        if tk.t(q - 1) == ">":
-            depth, r = 0, q - 1
-            while r > p + 2:
-                t = tk.t(r)
-                depth += t.count(">") if t in (">", ">>") else 0
-                depth -= 1 if t == "<" else 0
-                if depth == 0:
-                    break
-                r -= 1
-            if tk.t(r) == "<" and tk.kind[tk.sig[r - 1]] == "id" and tk.t(r - 2) != "operator":
+        if tk.t(q - 1) in (">", ">>"):
+            r = _match_angle(tk, q - 1, p + 2)
+            if r > 0 and tk.kind[tk.sig[r - 1]] == "id" and tk.t(r - 2) != "operator":
                 tk.blank(r, q - 1)
+    return moves
+
+
+def _match_angle(tk: Tokens, r: int, lo: int) -> int:
+    depth = 0
+    while r > lo:
+        t = tk.t(r)
+        depth += len(t) if t in (">", ">>") else (-1 if t == "<" else 0)
+        if depth == 0:
+            return r
+        r -= 1
+    return -1
+
+
+def move_specializations(tk: Tokens, moves: list[tuple[int, int, int, str]]) -> None:
+    """Move the (rewritten) member specializations out of their classes, after the class's `;`."""
+    for first, last, after, _ in moves:
+        text = " ".join(tk.t(x) for x in range(first, last + 1) if tk.t(x))
+        tk.blank(first, last)
+        tk.set(after, tk.t(after) + " " + text)  # on the same line: diagnostics keep their line numbers
 
 
 def _value_text(ctype: str, value: Any) -> str:
@@ -199,15 +238,8 @@ def apply_function_constants(tk: Tokens, values: dict[Any, Any]) -> None:
             tk.set(q, "")
         if defined:
             tk.set(start, f"static constexpr {ctype} {name} = {ctype}({_value_text(ctype, values[key])})")
-        else:
-            used = [q for q in range(end, n) if tk.t(q) == name and tk.kind[tk.sig[q]] == "id"
-                    and not (tk.t(q - 2) == "is_function_constant_defined" and tk.t(q + 1) == ")")]
-            if used:
-                raise CompileError(
-                    f"line {tk.line(used[0])}: function constant {name!r} ([[function_constant({index})]]) is used "
-                    f"but has no value: compile the source with function_constants={{{name!r}: ...}} (or "
-                    f"{{{index}: ...}}); torch.mps.compile_shader cannot set function constants")
-            tk.set(start, f"static constexpr {ctype} {name} = {ctype}()")
+        else:  # reading it at run time is a launch error naming it; code that never reads it runs
+            tk.set(start, f"static constexpr ma_rt::UndefinedConstant<{ctype}> {name}{{\"{name}\", {index}}}")
     for p in range(n - 3):
         if tk.t(p) == "is_function_constant_defined" and tk.t(p + 1) == "(" and tk.t(p + 3) == ")":
             name = tk.t(p + 2)

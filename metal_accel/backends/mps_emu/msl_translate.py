@@ -16,7 +16,12 @@ from typing import Any
 
 from ...core.errors import CompileError
 from .msl_kernels import find_kernels, host_name, int_expr, substitute
-from .msl_lang import apply_function_constants, fix_class_scope_specializations, fix_member_qualifiers
+from .msl_lang import (
+    apply_function_constants,
+    fix_class_scope_specializations,
+    fix_member_qualifiers,
+    move_specializations,
+)
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
 from .msl_signature import (
@@ -139,7 +144,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
                     raise CompileError(f"line {tk.line(p)}: the MSL emulator does not support {UNSUPPORTED_ATTRS[name]}")
     apply_function_constants(tk, function_constants or {})
     fix_member_qualifiers(tk)
-    fix_class_scope_specializations(tk)
+    moves = fix_class_scope_specializations(tk)
     found = find_kernels(tk)
     if not any(k.instances or not k.template_params for k in found):
         raise CompileError("no kernel found; declare kernels as `kernel void name(...)`, or instantiate a templated "
@@ -206,5 +211,6 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
         raise CompileError(f"duplicate kernel names: {sorted(x for x in set(names) if names.count(x) > 1)}")
     kernel_functions = {tk.t(k.name_p) for k in found}
     rewrite(tk, {f for f in bodies if f not in kernel_functions and f and reaches_sync(f)})
+    move_specializations(tk, moves)
     out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", ""]
     return "\n".join(out), kernels

@@ -237,6 +237,16 @@ namespace ma_rt {
 template <int I, class F> struct param;
 template <int I, class R, class... A> struct param<I, R (*)(A...)> { using type = std::tuple_element_t<I, std::tuple<A...>>; };
 template <int I, class F> using param_t = typename param<I, F>::type;
+// a function constant compiled without a value: reading it fails the launch, naming it
+template <class T> struct UndefinedConstant {
+  const char* name;
+  int index;
+  operator T() const {
+    fail("function constant '%s' ([[function_constant(%d)]]) is read but has no value: compile the source with "
+         "function_constants={'%s': ...}", name, index, name);
+    return T();
+  }
+};
 // `threadgroup T x[N] = {0};`: zeroed by the first thread of each threadgroup to reach it
 inline void tg_note_zero(void* p, size_t bytes) {
   for (int i = 0; i < tl_tg.n; ++i) if (tl_tg.p[i] == p) return;
