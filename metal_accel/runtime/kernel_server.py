@@ -447,6 +447,9 @@ class _RemoteEmuKernel(EmuKernel):
                 self._args, self._bufs = (), {}
 
     def _forward(self, ptrs: Any, dims: Any, err: Any, size: int) -> int:
+        if self._ntg:  # the call format carries the grid only (compile_shader cannot size them either)
+            err.value = b"[[threadgroup(n)]] kernel parameters are not supported by the kernel server"
+            return 1
         buffers = []
         for i, a in enumerate(self._args):
             if isinstance(a, torch.Tensor):  # bound from its storage offset to the storage's end, as compile_shader does

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -44,12 +44,16 @@ from ..cpu.backend import (
 )
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from ..native_build import compile_shared, compiler_env, scrub_diagnostics
-from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate
+from .msl_signature import launcher, threadgroup_slots
+from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate, translate_unit
 
 COMPILE_TIMEOUT_S = 180
 EMULATOR_HEADERS = frozenset({"msl_emu/metal_stdlib.h"})  # the one header the translator's C++ includes
 SIMD_WIDTH = 32
 METAL_VERSION = 310  # MSL 3.1: what compile_shader targets on macOS 14
+# <metal_stdlib>'s function qualifier, defined for the preprocessor so that `#ifdef METAL_FUNC` sees it
+METAL_FUNC = "inline __attribute__((__always_inline__))"
+EAGER_MAX_KERNELS = 8  # compile() builds a source with more kernels one kernel at a time, on first use
 
 compile_count = 0  # compiler invocations in this process (tests read it)
 
@@ -72,8 +76,14 @@ _CASTS = {"fp16": ("e", "f", 2), "bf16": ("bf", "bf", 2), "int32": ("i", "i", 4)
           "int8": ("b", "i", 1), "uint8": ("B", "u", 1)}
 
 
-def _element(base_type: str) -> tuple[str, int] | None:
-    """(scalar element name, vector width) of a buffer's element type; None for structs and unknowns."""
+_BYTES = {"char", "uchar", "int8_t", "uint8_t"}
+
+
+def _element(base_type: str, pointer: bool = False) -> tuple[str, int] | None:
+    """(scalar element name, vector width) of a buffer's element type; None for structs, unknowns and byte
+    pointers (`device char*` is a byte view of any tensor, as code bases bind them)."""
+    if pointer and base_type.replace("metal::", "").strip() in _BYTES:
+        return None
     m = _ELEM_RE.fullmatch(base_type.replace("metal::", "").strip())
     if not m:
         return None
@@ -95,7 +105,9 @@ class EmuKernel:
         for p in buffers:
             assert p.index is not None
             self._slots[p.index] = p
-        self._elems = [_element(p.base_type) if p else None for p in self._slots]
+        self._elems = [_element(p.base_type, p.is_pointer) if p else None for p in self._slots]
+        self._tg = {p.index: p for p in k.params if p.attribute == "threadgroup"}
+        self._ntg = threadgroup_slots(k)
         self.__name__ = k.name
         self.__doc__ = f"kernel void {k.name}({', '.join(map(str, k.params))})"
 
@@ -174,9 +186,36 @@ class EmuKernel:
         raise KernelLaunchError(f"{self._where(i)}: {bound}, but the kernel reads {el[0]}"
                                 f"{'s' if p.is_pointer else ''}: the bits would be misread on the GPU{hint}")
 
-    def __call__(self, *args: Any, threads: Any = None, group_size: Any = None, arg_casts: Any = None,
-                 error_buf_idx: Any = None) -> None:
+    def _threadgroup_bytes(self, sizes: Any) -> list[int]:
+        """The byte sizes of the [[threadgroup(n)]] parameters, from the launch's threadgroup_sizes={n: bytes}."""
         k = self._k
+        if not self._tg:
+            if sizes:
+                raise KernelLaunchError(f"kernel {k.name}: threadgroup_sizes given, but the kernel has no "
+                                        "[[threadgroup(n)]] parameter")
+            return []
+        if not isinstance(sizes, dict):
+            need = ", ".join(f"{i}: bytes for {p.decl}" for i, p in sorted(self._tg.items()))
+            raise KernelLaunchError(f"kernel {k.name}: its [[threadgroup(n)]] parameters need their sizes: pass "
+                                    f"threadgroup_sizes={{{need}}} (torch.mps.compile_shader cannot set them; Metal's "
+                                    "host code calls setThreadgroupMemoryLength)")
+        out = [0] * self._ntg
+        for i, p in self._tg.items():
+            v = sizes.get(i)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % 16:
+                raise KernelLaunchError(f"kernel {k.name}: threadgroup_sizes[{i}] (for {p.decl}) must be a positive "
+                                        f"multiple of 16 bytes, as Metal requires; got {v!r}")
+            out[i] = v
+        extra = set(sizes) - set(self._tg)
+        if extra:
+            raise KernelLaunchError(f"kernel {k.name}: threadgroup_sizes names {sorted(extra)}, which no "
+                                    "[[threadgroup(n)]] parameter has")
+        return out
+
+    def __call__(self, *args: Any, threads: Any = None, group_size: Any = None, arg_casts: Any = None,
+                 error_buf_idx: Any = None, threadgroup_sizes: dict[int, int] | None = None) -> None:
+        k = self._k
+        tg_bytes = self._threadgroup_bytes(threadgroup_sizes)
         if error_buf_idx is not None:
             raise KernelLaunchError(f"kernel {k.name}: error_buf_idx is not supported by the emulator")
         if len(args) != self._nargs:
@@ -225,7 +264,7 @@ class EmuKernel:
             raise KernelLaunchError(f"kernel {k.name}: threads {grid}: each dimension must be below 2**32")
         grid += [1] * (3 - len(grid))
         group += [1] * (3 - len(group))
-        dims = (ctypes.c_uint64 * 6)(*grid, *group)
+        dims = (ctypes.c_uint64 * (6 + len(tg_bytes)))(*grid, *group, *tg_bytes)
         err = ctypes.create_string_buffer(512)
         if self._fn(ptrs, dims, err, 512) != 0:
             raise KernelLaunchError(f"kernel {k.name}: {err.value.decode(errors='replace')}")
@@ -235,22 +274,39 @@ class EmuKernel:
 
 
 class EmuLibrary:
-    """Compiled MSL source: `lib.<kernel>(*args, threads=..., group_size=...)`."""
+    """Compiled MSL source: `lib.<kernel>(*args, threads=..., group_size=...)`. A library of many kernels may be
+    lazy: each kernel is compiled (or found on disk) when first named."""
 
-    def __init__(self, path: Path, kernels: list[MslKernel], compiled_now: bool) -> None:
+    def __init__(self, path: Path | None, kernels: list[MslKernel], compiled_now: bool,
+                 lazy: Callable[[MslKernel], Path] | None = None) -> None:
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_compiled_now", compiled_now)
+        object.__setattr__(self, "kernel_names", tuple(k.name for k in kernels))
+        object.__setattr__(self, "_lazy", {k.name: k for k in kernels} if lazy else {})
+        object.__setattr__(self, "_build_one", lazy)
+        object.__setattr__(self, "_dlls", [])
+        if lazy is None:
+            assert path is not None
+            self._load(path, kernels)
+
+    def _load(self, path: Path, kernels: list[MslKernel]) -> None:
         try:
             dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
             fns = {k.name: getattr(dll, f"ma_launch_{k.name}") for k in kernels}
         except (OSError, AttributeError) as e:
             raise CompileError(f"cannot load compiled kernel library {path.name}: {str(e).replace(str(path), path.name)}") from e
-        object.__setattr__(self, "_dll", dll)
-        object.__setattr__(self, "_path", path)
-        object.__setattr__(self, "_compiled_now", compiled_now)
-        object.__setattr__(self, "kernel_names", tuple(k.name for k in kernels))
+        self._dlls.append(dll)
+        if not self._lazy:
+            object.__setattr__(self, "_dll", dll)
         for k in kernels:
             object.__setattr__(self, k.name, EmuKernel(k, fns[k.name]))
 
     def __getattr__(self, name: str) -> Any:
+        lazy = self.__dict__.get("_lazy", {})
+        if name in lazy:
+            k = lazy[name]
+            self._load(self._build_one(k), [k])
+            return self.__dict__[name]
         raise AttributeError(f"no kernel {name!r} in this library; kernels: {', '.join(self.kernel_names) or 'none'}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -260,7 +316,8 @@ class EmuLibrary:
         return list(self.kernel_names)
 
     def __repr__(self) -> str:
-        return f"EmuLibrary({self._path.name}, kernels={self.kernel_names})"
+        where = self._path.name if self._path else "compiled per kernel"
+        return f"EmuLibrary({where}, kernels={self.kernel_names})"
 
 
 # ---------------------------------------------------------------- compiling
@@ -287,24 +344,41 @@ def _diagnostics(proc: subprocess.CompletedProcess, src: Path, what: str, cxx: s
     return CompileError(f"{what} failed ({Path(cxx).name}, exit {proc.returncode}):\n{log}")
 
 
-def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
-    """Preprocess, translate and compile SOURCE into OUT (+ OUT.json); return its kernels."""
-    global compile_count
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.stem + "."))
-    try:
+def _preprocess(cxx: str, source: str) -> str:
+    """SOURCE run through the C preprocessor as Metal's compiler would (MSL 3.1, METAL_FUNC defined)."""
+    with tempfile.TemporaryDirectory(prefix="ma-msl-") as d:
+        work = Path(d)
         metal = work / "kernel.metal"
         metal.write_text(prepare_for_preprocessor(source), encoding="utf-8")
         try:
-            pre = subprocess.run([cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
-                                  "-D__METAL__=1", "-D__HAVE_BFLOAT__=1", metal.name], cwd=work, capture_output=True,
+            pre = subprocess.run([cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc",
+                                  f"-D__METAL_VERSION__={METAL_VERSION}", "-D__METAL__=1", "-D__HAVE_BFLOAT__=1",
+                                  f"-DMETAL_FUNC={METAL_FUNC}", metal.name], cwd=work, capture_output=True,
                                  encoding="utf-8", errors="replace", timeout=COMPILE_TIMEOUT_S, env=compiler_env())
         except subprocess.TimeoutExpired:
             raise CompileError(f"preprocessing timed out after {COMPILE_TIMEOUT_S} s") from None
         if pre.returncode != 0:
             raise _diagnostics(pre, metal, "preprocessing", cxx)
-        cpp_text, kernels = translate(pre.stdout)
-        if any(k.name == "kernel_names" for k in kernels):
-            raise CompileError("a kernel may not be named 'kernel_names'")
+        return pre.stdout
+
+
+_units: dict[str, tuple[str, list[MslKernel]]] = {}  # content key -> translated C++ (no launchers), kernels
+
+
+def _translation(cxx: str, source: str, constants: dict[Any, Any], content: str) -> tuple[str, list[MslKernel]]:
+    if content not in _units:
+        body, kernels = translate_unit(_preprocess(cxx, source), function_constants=constants)
+        if any(k.name in ("kernel_names",) or k.name.startswith("_") for k in kernels):
+            raise CompileError("a kernel may not be named 'kernel_names' or start with '_'")
+        _units[content] = (body, kernels)
+    return _units[content]
+
+
+def _compile_unit(cxx: str, cpp_text: str, kernels: list[MslKernel], out: Path) -> None:
+    """Compile the translated C++ CPP_TEXT into OUT (+ OUT.json listing KERNELS), binary-checked."""
+    global compile_count
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.stem + "."))
+    try:
         cpp = work / "kernel.cpp"
         cpp.write_text(cpp_text, encoding="utf-8")
         compile_count += 1
@@ -314,7 +388,6 @@ def _build(cxx: str, source: str, out: Path) -> list[MslKernel]:
         (work / "kernels.json").write_text(json.dumps([k.to_dict() for k in kernels]))
         os.replace(work / "kernels.json", meta)
         check_and_place(built, out, MPS_EMU_POLICY, _baseline(cxx))
-        return kernels
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -364,41 +437,76 @@ class MpsEmuBackend(BackendDefaults):
             _compiler_identity(cxx)
             _baseline(cxx)
 
-    def build(self, source: str) -> Path:
-        """Translate, compile and check SOURCE into build_dir()/mps-emu/<key>.so (or find it), without loading it."""
-        return self._artifact(source)[0]
+    def build(self, source: str, function_constants: dict[Any, Any] | None = None) -> Path:
+        """Translate, compile and check all of SOURCE into build_dir()/mps-emu/<key>.so (or find it), without
+        loading it."""
+        return self._artifact(source, function_constants, eager=True)[0]
 
-    def compile(self, source: str) -> EmuLibrary:
-        """Compile SOURCE into build_dir()/mps-emu/<key>.so, or load it from there if already built."""
-        path, kernels, compiled_now = self._artifact(source)
+    def compile(self, source: str, function_constants: dict[Any, Any] | None = None) -> EmuLibrary:
+        """Compile SOURCE into build_dir()/mps-emu/<key>.so, or load it from there if already built. A source
+        with more than EAGER_MAX_KERNELS kernels (templated instantiations count one each) is compiled one
+        kernel at a time, when `lib.<kernel>` is first named. FUNCTION_CONSTANTS gives the values of the
+        source's function constants ({name or index: bool, int or float}), as a Metal pipeline's
+        MTLFunctionConstantValues would; torch.mps.compile_shader has no way to set them."""
+        path, kernels, compiled_now = self._artifact(source, function_constants, eager=False)
         if path not in _loaded:
             _loaded[path] = EmuLibrary(path, kernels, compiled_now)
         return _loaded[path]
 
-    def _artifact(self, source: str) -> tuple[Path, list[MslKernel], bool]:
+    def _artifact(self, source: str, constants: dict[Any, Any] | None, eager: bool) -> tuple[Path, list[MslKernel], bool]:
         if not isinstance(source, str) or not source.strip():
             raise CompileError("empty kernel source")
+        if constants is not None and not isinstance(constants, dict):
+            raise CompileError("function_constants must be a dict {name or index: value}")
+        constants = dict(constants or {})
         cxx = find_compiler()
-        content = hashlib.sha256(f"{source}\0{_tool_digest()}".encode()).hexdigest()[:32]
+        fc = json.dumps(sorted((str(k), repr(v)) for k, v in constants.items())) if constants else ""
+        content = hashlib.sha256(f"{source}\0{_tool_digest()}\0{fc}".encode()).hexdigest()[:32]
         path = artifact_path(config.build_dir() / "mps-emu", content, cxx)
         if path in _loaded:
             return path, [], False
         kernels: list[MslKernel] | None = None
         if path.exists() and not path.with_suffix(".json").exists():
             discard(path)  # a library without its kernel list is half a build
+        if not eager and not path.exists() and cxx is not None:
+            body, all_kernels = _translation(cxx, source, constants, content)
+            if len(all_kernels) > EAGER_MAX_KERNELS:
+                lazy_key = path.with_name(path.name + ".lazy")
+                if lazy_key not in _loaded:
+                    _loaded[lazy_key] = EmuLibrary(None, all_kernels, False, self._kernel_builder(cxx, body, content))
+                return lazy_key, all_kernels, False
 
         def build() -> None:
             nonlocal kernels
             assert cxx is not None
-            kernels = _build(cxx, source, path)
+            body, found = _translation(cxx, source, constants, content)
+            _compile_unit(cxx, body + "".join(launcher(k) for k in found), found, path)
+            kernels = found
 
         compiled_now = ensure_artifact(path, build if cxx is not None else None, MPS_EMU_POLICY, _baseline(cxx))
         if kernels is None:
-            try:
-                kernels = [MslKernel.from_dict(d) for d in json.loads(path.with_suffix(".json").read_text())]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json').name}: {e}") from e
+            kernels = _read_kernels(path)
         return path, kernels, compiled_now
+
+    @staticmethod
+    def _kernel_builder(cxx: str, body: str, content: str) -> Callable[[MslKernel], Path]:
+        """Builds (or finds) the library of one kernel of a translated source."""
+        def build_one(k: MslKernel) -> Path:
+            key = hashlib.sha256(f"{content}\0kernel\0{k.name}".encode()).hexdigest()[:32]
+            path = artifact_path(config.build_dir() / "mps-emu", key, cxx)
+            if path.exists() and not path.with_suffix(".json").exists():
+                discard(path)
+            ensure_artifact(path, lambda: _compile_unit(cxx, body + launcher(k), [k], path), MPS_EMU_POLICY,
+                            _baseline(cxx))
+            return path
+        return build_one
+
+
+def _read_kernels(path: Path) -> list[MslKernel]:
+    try:
+        return [MslKernel.from_dict(d) for d in json.loads(path.with_suffix(".json").read_text())]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CompileError(f"corrupt emulator cache entry {path.with_suffix('.json').name}: {e}") from e
 
 
 @functools.cache

@@ -46,10 +46,12 @@ class Tokens:
         self.sig = [i for i, k in enumerate(self.kind) if k not in ("nl", "ws", "comment", "pp")]
         self.match: dict[int, int] = {}  # sig position -> matching bracket's sig position
         self.parent: list[str] = []       # innermost enclosing bracket of each sig position
+        self.opener: list[int] = []       # its sig position (-1 at file scope)
         stack: list[int] = []
         for p, i in enumerate(self.sig):
             t = self.text[i]
             self.parent.append(self.text[self.sig[stack[-1]]] if stack else "")
+            self.opener.append(stack[-1] if stack else -1)
             if t in "([{" and self.kind[i] == "punct":
                 stack.append(p)
             elif t in ")]}" and self.kind[i] == "punct":
@@ -80,6 +82,24 @@ class Tokens:
         for m in re.finditer(r"([A-Za-z_][\w:]*)\s*(?:\(([^()]*)\))?", inner):
             items.append((m.group(1).split("::")[-1], (m.group(2) or "").strip()))
         return items
+
+    def line(self, p: int) -> int:
+        """Line of sig position P in the preprocessed text, or of the original source where line markers say."""
+        line, i = 1, 0
+        for i in range(self.sig[p] if 0 <= p < len(self.sig) else len(self.text)):
+            k = self.kind[i]
+            if k == "nl" or (k in ("ws", "comment") and "\n" in self.text[i]):
+                line += self.text[i].count("\n")
+            elif k == "pp":
+                m = re.match(r"#\s*(?:line\s+)?(\d+)", self.text[i])
+                if m:
+                    line = int(m.group(1)) - 1
+        return line
+
+    def blank(self, lo: int, hi: int) -> None:
+        """Remove sig positions LO..HI (inclusive) from the output."""
+        for q in range(lo, hi + 1):
+            self.set(q, "")
 
     def render(self) -> str:
         return "".join(self.text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ...core.errors import CompileError
+from .msl_lang import in_function_body
 from .msl_lexer import Tokens
 
 
@@ -36,11 +37,12 @@ def rewrite(tk: Tokens, wrap: set[str]) -> None:
                 tk.set(p, "")
             elif t == "restrict":
                 tk.set(p, "__restrict")
-            elif t == "constant":
-                tk.set(p, "" if "const" in (tk.t(p - 1), tk.t(p + 1)) else "const")
+            elif t == "constant":  # `constant constexpr const T` needs no more const
+                near = {tk.t(q) for q in range(p - 2, p + 3)} | {tk.t(p + 3)}
+                tk.set(p, "" if near & {"const", "constexpr"} else "const")
             elif t == "threadgroup":
                 _rewrite_threadgroup(tk, p)
-            elif t in wrap and tk.t(p + 1) == "(" and tk.parent[p] != "" and tk.t(p - 1) not in (".", "->"):
+            elif t in wrap and tk.t(p + 1) == "(" and tk.t(p - 1) not in (".", "->") and in_function_body(tk, p):
                 start = p - 2 if tk.t(p - 1) == "::" and tk.kind[tk.sig[p - 2]] == "id" else p
                 tk.set(start, "(ma_rt::SiteGuard(__LINE__), " + tk.t(start))
                 close = tk.match[p + 1]
@@ -58,6 +60,8 @@ def _literal(t: str) -> str:
     is_float = "." in mant or "e" in mant.lower()
     if suffix in ("h", "H"):
         return f"metal::half({mant}{'f' if is_float else ''})"
+    if suffix in ("bf", "BF"):
+        return f"metal::bfloat({mant}{'f' if is_float else ''})"
     if suffix == "" and is_float:
         return mant + "f"  # Metal has no double: an unsuffixed floating literal is a float
     return t
@@ -92,7 +96,25 @@ def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
         return
     if not names and last_id is not None:
         names.append(last_id)
+    note = "tg_note"
     if tk.t(q) == "=":
-        raise CompileError("threadgroup variables cannot have initializers in Metal")
+        r = q + 1
+        while r < len(tk.sig) and tk.t(r) not in (";", ","):
+            r = tk.match[r] + 1 if tk.t(r) in ("(", "[", "{") else r + 1
+        init = [tk.t(x) for x in range(q + 1, r)]
+        if tk.t(r) != ";" or not _all_zero(init):
+            raise CompileError(f"line {tk.line(p)}: threadgroup variable {names[0] if names else ''!r} has the "
+                               f"initializer {' '.join(init)!r}: Metal gives threadgroup memory no initial value "
+                               "(only `= {0}` / `= {}` is accepted, as zeroing); write it from the threads, then "
+                               "threadgroup_barrier")
+        tk.blank(q, r - 1)
+        q, note = r, "tg_note_zero"
     tk.set(p, "static thread_local")
-    tk.set(q, ";" + "".join(f" ma_rt::tg_note(&{nm}, sizeof({nm}));" for nm in dict.fromkeys(names)))
+    tk.set(q, ";" + "".join(f" ma_rt::{note}(&{nm}, sizeof({nm}));" for nm in dict.fromkeys(names)))
+
+
+def _all_zero(init: list[str]) -> bool:
+    """Whether an initializer is a braced list of zeros (`{0}`, `{}`, `{0.0f, 0}`)."""
+    if not init or init[0] != "{" or init[-1] != "}":
+        return False
+    return all(t in ("{", "}", ",") or re.fullmatch(r"0+(?:\.0*)?[fFhHuUlL]*|0x0+[uUlL]*", t) for t in init)

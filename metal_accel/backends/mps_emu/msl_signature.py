@@ -66,7 +66,7 @@ class MslKernel:
 def kernel_params(tk: Tokens, host: str, lp: int) -> tuple[MslParam, ...]:
     """The parameters of kernel HOST, whose parameter list opens at sig position LP; a parameter
     without [[buffer(i)]] takes the lowest index no other parameter names."""
-    params, explicit, raw = [], set(), []
+    params, explicit, raw, tg_seen = [], set(), [], set()
     for lo, hi in _split_params(tk, lp + 1, tk.match[lp]):
         decl, attr, arg, pname = _parse_param(tk, host, lo, hi)
         raw.append((decl, attr, arg, pname))
@@ -75,9 +75,20 @@ def kernel_params(tk: Tokens, host: str, lp: int) -> tuple[MslParam, ...]:
             if idx in explicit:
                 raise CompileError(f"kernel {host}: buffer index {idx} is used twice")
             explicit.add(idx)
+        elif attr == "threadgroup":
+            idx = _int_arg(arg, f"kernel {host}: parameter {pname} [[threadgroup]]")
+            if idx in tg_seen or idx > 31:
+                raise CompileError(f"kernel {host}: [[threadgroup({idx})]] is used twice or is above 31")
+            tg_seen.add(idx)
     free = (i for i in range(10 ** 6) if i not in explicit)
     for decl, attr, arg, pname in raw:
         words = [tk.t(q) for q in decl]
+        if attr == "threadgroup":
+            if "*" not in words:
+                raise CompileError(f"kernel {host}: parameter {pname} [[threadgroup]] must be a `threadgroup T*` pointer")
+            params.append(MslParam(pname, " ".join(words), " ".join(_render_type(tk, q) for q in decl if tk.t(q) != pname),
+                                   _base_type(tk, decl, pname), _int_arg(arg, ""), "threadgroup", True, False))
+            continue
         if attr is not None and attr not in POSITION_ATTRS and attr != "buffer":
             raise CompileError(f"kernel {host}: parameter {pname}: attribute [[{attr}]] is not supported "
                                "by the MSL emulator")
@@ -159,7 +170,7 @@ def _base_type(tk: Tokens, decl: list[int], name: str) -> str:
 def _render_type(tk: Tokens, q: int) -> str:
     """The C++ text of a parameter's type token, as the launcher names it."""
     t = tk.t(q)
-    if t in ("device", "thread"):
+    if t in ("device", "thread", "threadgroup"):
         return ""
     if t in ("restrict", "__restrict", "__restrict__"):
         return ""  # the launcher passes a plain pointer
@@ -168,21 +179,32 @@ def _render_type(tk: Tokens, q: int) -> str:
     return t
 
 
+def threadgroup_slots(k: MslKernel) -> int:
+    """How many [[threadgroup(n)]] sizes a launch of K passes after the grid (the highest n + 1)."""
+    return max((p.index + 1 for p in k.params if p.attribute == "threadgroup" and p.index is not None), default=0)
+
+
 def launcher(k: MslKernel) -> str:
+    """The extern "C" entry `ma_launch_<host name>` that binds K's arguments and runs it over the grid."""
     args = []
-    for prm in k.params:
+    for i, prm in enumerate(k.params):
+        # a kernel instantiated from a template names its parameter types through the function's own type
+        ptype = f"ma_rt::param_t<{i}, decltype(&{k.function})>" if "<" in k.function else prm.cpp_type
         if prm.attribute is None:
-            args.append(f"ma_rt::bindp<{prm.cpp_type}>(ma_b[{prm.index}])")
+            args.append(f"ma_rt::bindp<{ptype}>(ma_b[{prm.index}])")
+            continue
+        if prm.attribute == "threadgroup":
+            args.append(f"ma_rt::tg_param<{ptype}>({prm.index}, ma_dims[{6 + (prm.index or 0)}])")
             continue
         field, is3 = POSITION_ATTRS[prm.attribute]
         if field == "simd_width":
-            args.append(f"ma_rt::attr1<{prm.cpp_type}>(ma_rt::kSimdWidth)")
+            args.append(f"ma_rt::attr1<{ptype}>(ma_rt::kSimdWidth)")
         elif field == "zero3":
-            args.append(f"ma_rt::attr3<{prm.cpp_type}>(ma_zero)")
+            args.append(f"ma_rt::attr3<{ptype}>(ma_zero)")
         elif is3:
-            args.append(f"ma_rt::attr3<{prm.cpp_type}>(ma_t.{field})")
+            args.append(f"ma_rt::attr3<{ptype}>(ma_t.{field})")
         else:
-            args.append(f"ma_rt::attr1<{prm.cpp_type}>(ma_t.{field})")
+            args.append(f"ma_rt::attr1<{ptype}>(ma_t.{field})")
     joined = ",\n        ".join(args)
     return (f'extern "C" __attribute__((visibility("default"))) int ma_launch_{k.name}('
             f"void** ma_b, const uint64_t* ma_dims, char* ma_err, int ma_errlen) {{\n"

@@ -11,8 +11,17 @@ grid (metal_accel/include/msl_emu/runtime.h).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import Any
 
 from ...core.errors import CompileError
+from .msl_kernels import find_kernels, host_name, int_expr, substitute
+from .msl_lang import (
+    apply_function_constants,
+    fix_class_scope_specializations,
+    fix_member_qualifiers,
+    move_specializations,
+)
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
 from .msl_signature import (
@@ -24,7 +33,7 @@ from .msl_signature import (
     max_threads_per_threadgroup,
 )
 
-__all__ = ["HOST_CALLS", "POSITION_ATTRS", "SYNC_FUNCTIONS", "UNSUPPORTED_ATTRS", "UNSUPPORTED_IDS", "MslKernel",
+__all__ = ["INCLUDE_MARK", "check_includes", "translate_unit", "HOST_CALLS", "POSITION_ATTRS", "SYNC_FUNCTIONS", "UNSUPPORTED_ATTRS", "UNSUPPORTED_IDS", "MslKernel",
            "MslParam", "launcher", "prepare_for_preprocessor", "translate"]
 
 UNSUPPORTED_IDS: dict[str, str] = {
@@ -47,9 +56,7 @@ UNSUPPORTED_IDS: dict[str, str] = {
         "_Pragma", "__builtin_trap")},
 }
 UNSUPPORTED_ATTRS: dict[str, str] = {
-    "function_constant": "function constants ([[function_constant]])", "stage_in": "[[stage_in]] inputs",
-    "threadgroup": "[[threadgroup(n)]] kernel parameters (torch.mps.compile_shader cannot size them; "
-                   "declare `threadgroup` arrays inside the kernel instead)",
+    "stage_in": "[[stage_in]] inputs",
     "texture": "textures", "sampler": "samplers", "imageblock_data": "imageblocks", "color": "render targets",
     "visible": "visible functions", "user": "user attributes", "payload": "mesh payloads", "mesh": "mesh shaders",
     "object": "object shaders", "intersection": "intersection functions",
@@ -81,84 +88,72 @@ def _is_sync(name: str) -> bool:
     return name in SYNC_FUNCTIONS
 
 
+INCLUDE_MARK = "#pragma ma_include_at_line "
+
+
 def prepare_for_preprocessor(source: str) -> str:
-    """Blank the <metal_*> includes (the emulator header replaces them); reject any other include."""
+    """Blank the <metal_*> includes (the emulator header replaces them); mark any other include, which is an
+    error only if the preprocessor keeps it (an include in an inactive #if branch is fine)."""
     lines = source.split("\n")
     for i, line in enumerate(lines):
         if _METAL_HEADERS.match(line):
             lines[i] = ""
         elif _INCLUDE.match(line):
-            raise CompileError(f"line {i + 1}: {line.strip()!r}: only <metal_*> headers can be included "
-                               "(a kernel source must be self-contained)")
+            lines[i] = f"{INCLUDE_MARK}{i + 1} {line.strip()}"
     return "\n".join(lines)
 
 
-def translate(preprocessed: str, include: str = "msl_emu/metal_stdlib.h") -> tuple[str, list[MslKernel]]:
-    """C++ source and kernel descriptions for a preprocessed MSL source."""
+def check_includes(preprocessed: str) -> None:
+    """Reject the includes that survived preprocessing (they are in an active branch)."""
+    m = re.search(r"^\s*" + re.escape(INCLUDE_MARK) + r"(\d+) (.*)$", preprocessed, re.M)
+    if m:
+        raise CompileError(f"line {m.group(1)}: {m.group(2)!r}: only <metal_*> headers can be included (a kernel "
+                           "source must be self-contained: paste the header's contents into the source)")
+
+
+def translate(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
+              function_constants: dict[Any, Any] | None = None) -> tuple[str, list[MslKernel]]:
+    """C++ source (with a launcher per kernel) and kernel descriptions for a preprocessed MSL source."""
+    body, kernels = translate_unit(preprocessed, include, function_constants)
+    return body + "".join(launcher(k) for k in kernels), kernels
+
+
+def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
+                   function_constants: dict[Any, Any] | None = None) -> tuple[str, list[MslKernel]]:
+    """C++ source without launchers (append `launcher(k)` for each kernel to run) and the kernel descriptions."""
+    check_includes(preprocessed)
     tk = Tokens(preprocessed)
     n = len(tk.sig)
     # names of the functions the source defines (a helper may be called `read`, say)
-    defined = {tk.t(p - 1) for p in range(1, n) if tk.t(p) == "(" and tk.parent[p] == "" and tk.t(tk.match[p] + 1) == "{"}
+    defined = {tk.t(p - 1) for p in range(1, n) if tk.t(p) == "(" and tk.t(tk.match[p] + 1) == "{"}
     for p in range(n):
         t, kind = tk.t(p), tk.kind[tk.sig[p]]
         if t == "__attribute__" and tk.t(p + 1) == "(":
             words = {tk.t(q) for q in range(p + 1, tk.match[p + 1]) if tk.kind[tk.sig[q]] == "id"}
             if words - _GNU_ATTRS_ALLOWED:
-                raise CompileError(f"__attribute__(({', '.join(sorted(words - _GNU_ATTRS_ALLOWED))})) is not allowed "
-                                   f"in kernel sources (allowed: always_inline, noinline, unused, aligned, ...)")
+                raise CompileError(f"line {tk.line(p)}: __attribute__(({', '.join(sorted(words - _GNU_ATTRS_ALLOWED))})) "
+                                   "is not allowed in kernel sources (allowed: always_inline, noinline, unused, "
+                                   "aligned, ...)")
         if kind == "id" and t in HOST_CALLS and t not in defined and tk.t(p + 1) == "(" and tk.t(p - 1) not in (".", "->"):
-            raise CompileError(f"kernel sources may not call {t}(): it is not a Metal function")
+            raise CompileError(f"line {tk.line(p)}: kernel sources may not call {t}(): it is not a Metal function")
         if kind == "id" and t in UNSUPPORTED_IDS:
-            raise CompileError(f"the MSL emulator does not support {UNSUPPORTED_IDS[t]} (found {t!r})")
+            raise CompileError(f"line {tk.line(p)}: the MSL emulator does not support {UNSUPPORTED_IDS[t]} (found {t!r})")
         if tk.is_attr_open(p):
             for name, _ in tk.attr_items(p):
-                if name in UNSUPPORTED_ATTRS and not (name == "threadgroup" and tk.parent[p] != "("):
-                    raise CompileError(f"the MSL emulator does not support {UNSUPPORTED_ATTRS[name]}")
-
-    # ---- kernels: [attributes] kernel void name(params) [attributes] { body }
-    found: list[tuple[int, int, int, int, str, dict]] = []  # kernel token, name, (, {, host name, attrs
-    for p in range(n):
-        attr_kernel = tk.is_attr_open(p) and any(a == "kernel" for a, _ in tk.attr_items(p))
-        if not (tk.t(p) == "kernel" and tk.kind[tk.sig[p]] == "id" and tk.parent[p] != "[") and not attr_kernel:
-            continue
-        fattrs: dict[str, str] = dict(tk.attr_items(p)) if attr_kernel else {}
-        q = p
-        while q > 0 and tk.t(q - 1) == "]" and tk.t(q - 2) == "]":  # attributes before
-            q = tk.match[q - 2] - 1
-            fattrs.update(dict(tk.attr_items(q)))
-        start = q
-        r = tk.attr_end(p) if attr_kernel else p + 1
-        while tk.is_attr_open(r):
-            fattrs.update(dict(tk.attr_items(r))); r = tk.attr_end(r)
-        if tk.t(start - 1) == ">" or tk.t(start - 1) == "template" or tk.t(r + 2) == "<":
-            raise CompileError("templated kernels are not supported by the MSL emulator; write one kernel per type")
-        if tk.parent[p] != "":
-            raise CompileError("kernels must be declared at global scope (not inside a namespace or struct)")
-        if tk.t(r) != "void" or tk.kind[tk.sig[r + 1]] != "id" or tk.t(r + 2) != "(":
-            raise CompileError(f"cannot parse the kernel declaration near {' '.join(tk.t(x) for x in range(p, r + 3))!r}")
-        name_p, lp = r + 1, r + 2
-        b = tk.match[lp] + 1
-        while tk.is_attr_open(b):
-            fattrs.update(dict(tk.attr_items(b))); b = tk.attr_end(b)
-        if attr_kernel:
-            tk.set(tk.attr_end(p), "static inline " + tk.t(tk.attr_end(p)))
-        else:
-            tk.set(p, "static inline")
-        if tk.t(b) == ";":
-            continue  # a declaration; the definition comes elsewhere
-        if tk.t(b) != "{":
-            raise CompileError(f"kernel {tk.t(name_p)}: expected a body after the parameter list")
-        host = fattrs.get("host_name", "").strip().strip('"') or tk.t(name_p)
-        if not re.fullmatch(r"[A-Za-z_]\w*", host):
-            raise CompileError(f"kernel {tk.t(name_p)}: host name {host!r} is not an identifier")
-        found.append((p, name_p, lp, b, host, fattrs))
-    if not found:
-        raise CompileError("no kernel found; declare kernels as `kernel void name(...)`")
+                if name in UNSUPPORTED_ATTRS:
+                    raise CompileError(f"line {tk.line(p)}: the MSL emulator does not support {UNSUPPORTED_ATTRS[name]}")
+    apply_function_constants(tk, function_constants or {})
+    fix_member_qualifiers(tk)
+    moves = fix_class_scope_specializations(tk)
+    found = find_kernels(tk)
+    if not any(k.instances or not k.template_params for k in found):
+        raise CompileError("no kernel found; declare kernels as `kernel void name(...)`, or instantiate a templated "
+                           "kernel with `template [[host_name(\"name\")]] [[kernel]] decltype(fn<T>) fn<T>;`")
 
     # ---- which functions reach a barrier or SIMD-group function
     bodies: dict[str, set[str]] = {}
     outside_sync = False
-    kernel_bodies = {b: tk.t(name_p) for (_, name_p, _, b, _, _) in found}
+    kernel_bodies = {k.body: tk.t(k.name_p) for k in found}
     p = 0
     while p < n:
         fname = kernel_bodies.get(p)
@@ -190,18 +185,32 @@ def translate(preprocessed: str, include: str = "msl_emu/metal_stdlib.h") -> tup
         return False
 
     kernels: list[MslKernel] = []
-    for (_, name_p, lp, _, host, fattrs) in found:
-        fname = tk.t(name_p)
-        params = kernel_params(tk, host, lp)
-        max_threads = max_threads_per_threadgroup(host, fattrs)
+    for k in found:
+        fname = tk.t(k.name_p)
         fibers = outside_sync or reaches_sync(fname)
-        kernels.append(MslKernel(host, fname, params, fibers, max_threads))
+        if not k.template_params:
+            host = host_name(k.fattrs.get("host_name", "")) or fname
+            params = kernel_params(tk, host, k.lp)
+            kernels.append(MslKernel(host, fname, params, fibers, max_threads_per_threadgroup(host, k.fattrs)))
+            continue
+        for host, args in k.instances:
+            params = tuple(replace(prm, base_type=substitute(prm.base_type, k.template_params, args),
+                                   cpp_type=substitute(prm.cpp_type, k.template_params, args))
+                           for prm in kernel_params(tk, host, k.lp))
+            attrs = {a: substitute(v, k.template_params, args) for a, v in k.fattrs.items()}
+            mt = attrs.get("max_total_threads_per_threadgroup")
+            if mt is not None:
+                value = int_expr(mt)
+                attrs["max_total_threads_per_threadgroup"] = str(value) if value is not None else "1024"
+            kernels.append(MslKernel(host, f"{fname}<{args}>", params, fibers, max_threads_per_threadgroup(host, attrs)))
+    for kn in kernels:
+        if not re.fullmatch(r"[A-Za-z_]\w*", kn.name):
+            raise CompileError(f"kernel {kn.function}: host name {kn.name!r} is not an identifier")
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise CompileError(f"duplicate kernel names: {sorted(x for x in set(names) if names.count(x) > 1)}")
-    kernel_functions = {k.function for k in kernels}
+    kernel_functions = {tk.t(k.name_p) for k in found}
     rewrite(tk, {f for f in bodies if f not in kernel_functions and f and reaches_sync(f)})
-    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)"]
-    for k in kernels:
-        out.append(launcher(k))
-    return "\n".join(out) + "\n", kernels
+    move_specializations(tk, moves)
+    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", ""]
+    return "\n".join(out), kernels

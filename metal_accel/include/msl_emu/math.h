@@ -219,19 +219,23 @@ template <class To, class From> inline To as_type(const From& x) {
   To r; std::memcpy((void*)&r, (const void*)&x, sizeof(To)); return r;
 }
 
-namespace fast {
-using metal::exp; using metal::exp2; using metal::exp10; using metal::log; using metal::log2; using metal::log10;
-using metal::sqrt; using metal::rsqrt; using metal::sin; using metal::cos; using metal::tan; using metal::asin;
-using metal::acos; using metal::atan; using metal::atan2; using metal::sinh; using metal::cosh; using metal::tanh;
-using metal::asinh; using metal::acosh; using metal::atanh; using metal::sinpi; using metal::cospi; using metal::tanpi;
-using metal::pow; using metal::powr; using metal::floor; using metal::ceil; using metal::round; using metal::rint;
-using metal::trunc; using metal::fract; using metal::fabs; using metal::abs; using metal::fmin; using metal::fmax;
-using metal::min; using metal::max; using metal::clamp; using metal::saturate; using metal::fmod; using metal::divide;
-using metal::sincos; using metal::length; using metal::normalize; using metal::distance; using metal::dot;
-using metal::copysign; using metal::fdim; using metal::frexp; using metal::ldexp; using metal::modf; using metal::cbrt;
+// fast:: and precise:: name the same functions through using-declarations (not a using-directive),
+// so that a source's own overloads added to either namespace (e.g. for bfloat) join them in
+// overload resolution instead of hiding them: precise::exp(float) stays a float function.
+#define MA_MATH_NAMES \
+using metal::exp; using metal::exp2; using metal::exp10; using metal::log; using metal::log2; using metal::log10; \
+using metal::sqrt; using metal::rsqrt; using metal::sin; using metal::cos; using metal::tan; using metal::asin; \
+using metal::acos; using metal::atan; using metal::atan2; using metal::sinh; using metal::cosh; using metal::tanh; \
+using metal::asinh; using metal::acosh; using metal::atanh; using metal::sinpi; using metal::cospi; using metal::tanpi; \
+using metal::pow; using metal::powr; using metal::floor; using metal::ceil; using metal::round; using metal::rint; \
+using metal::trunc; using metal::fract; using metal::fabs; using metal::abs; using metal::fmin; using metal::fmax; \
+using metal::min; using metal::max; using metal::clamp; using metal::saturate; using metal::fmod; using metal::divide; \
+using metal::sincos; using metal::length; using metal::normalize; using metal::distance; using metal::dot; \
+using metal::copysign; using metal::fdim; using metal::frexp; using metal::ldexp; using metal::modf; using metal::cbrt; \
 using metal::recip; using metal::hypot; using metal::sign; using metal::mix; using metal::fma;
-}  // namespace fast
-namespace precise { using namespace fast; }
+namespace fast { MA_MATH_NAMES }
+namespace precise { MA_MATH_NAMES }
+#undef MA_MATH_NAMES
 
 #undef MA_FP_SCALAR
 #undef MA_FP_VEC

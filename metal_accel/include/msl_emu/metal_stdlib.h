@@ -14,6 +14,7 @@
 #include "runtime.h"
 #include "sync.h"
 #include "simdgroup_matrix.h"
+#include "lang.h"
 
 // Metal's scalar and vector types are visible without `using namespace metal`
 #define MA_GLOBAL_VEC(name) using metal::name##2; using metal::name##3; using metal::name##4; \
@@ -22,6 +23,11 @@ MA_GLOBAL_VEC(float) MA_GLOBAL_VEC(half) MA_GLOBAL_VEC(bfloat) MA_GLOBAL_VEC(int
 MA_GLOBAL_VEC(short) MA_GLOBAL_VEC(ushort) MA_GLOBAL_VEC(char) MA_GLOBAL_VEC(uchar) MA_GLOBAL_VEC(bool)
 MA_GLOBAL_VEC(long) MA_GLOBAL_VEC(ulong)
 #undef MA_GLOBAL_VEC
+#define MA_GLOBAL_MAT(name) using metal::name##2x2; using metal::name##2x3; using metal::name##2x4; \
+  using metal::name##3x2; using metal::name##3x3; using metal::name##3x4; using metal::name##4x2; using metal::name##4x3; \
+  using metal::name##4x4;
+MA_GLOBAL_MAT(float) MA_GLOBAL_MAT(half) MA_GLOBAL_MAT(bfloat)
+#undef MA_GLOBAL_MAT
 using metal::half;
 using metal::bfloat;
 using metal::uchar;

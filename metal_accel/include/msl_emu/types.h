@@ -26,36 +26,36 @@ using std::size_t; using std::ptrdiff_t;
 struct bfloat {
   uint16_t bits;
   bfloat() = default;
-  static bfloat from_bits(uint16_t b) { bfloat r; r.bits = b; return r; }
-  bfloat(float f) {
-    uint32_t u; std::memcpy(&u, &f, 4);
+  static constexpr bfloat from_bits(uint16_t b) { bfloat r{}; r.bits = b; return r; }
+  constexpr bfloat(float f) : bits(0) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
     if ((u & 0x7fffffffu) > 0x7f800000u) { bits = uint16_t((u >> 16) | 0x40u); return; }  // quiet NaN
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
     bits = uint16_t(u >> 16);
   }
   template <class T, std::enable_if_t<std::is_arithmetic<T>::value || std::is_same<T, _Float16>::value, int> = 0>
-  bfloat(T v) : bfloat(float(v)) {}
-  operator float() const { uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
-  template <class T> bfloat& operator+=(T o) { return *this = bfloat(float(*this) + float(o)); }
-  template <class T> bfloat& operator-=(T o) { return *this = bfloat(float(*this) - float(o)); }
-  template <class T> bfloat& operator*=(T o) { return *this = bfloat(float(*this) * float(o)); }
-  template <class T> bfloat& operator/=(T o) { return *this = bfloat(float(*this) / float(o)); }
-  bfloat& operator++() { return *this += 1.0f; }
-  bfloat& operator--() { return *this -= 1.0f; }
-  bfloat operator++(int) { bfloat t = *this; *this += 1.0f; return t; }
-  bfloat operator--(int) { bfloat t = *this; *this -= 1.0f; return t; }
+  constexpr bfloat(T v) : bfloat(float(v)) {}
+  constexpr operator float() const { return __builtin_bit_cast(float, uint32_t(bits) << 16); }
+  template <class T> constexpr bfloat& operator+=(T o) { return *this = bfloat(float(*this) + float(o)); }
+  template <class T> constexpr bfloat& operator-=(T o) { return *this = bfloat(float(*this) - float(o)); }
+  template <class T> constexpr bfloat& operator*=(T o) { return *this = bfloat(float(*this) * float(o)); }
+  template <class T> constexpr bfloat& operator/=(T o) { return *this = bfloat(float(*this) / float(o)); }
+  constexpr bfloat& operator++() { return *this += 1.0f; }
+  constexpr bfloat& operator--() { return *this -= 1.0f; }
+  constexpr bfloat operator++(int) { bfloat t = *this; *this += 1.0f; return t; }
+  constexpr bfloat operator--(int) { bfloat t = *this; *this -= 1.0f; return t; }
 };
 // bfloat op bfloat stays bfloat; mixed with other types it converts to float (templates: no ambiguity)
 #define MA_BF_OP(op)                                                                              \
   template <class A, class B,                                                                     \
             std::enable_if_t<std::is_same<A, bfloat>::value && std::is_same<B, bfloat>::value, int> = 0> \
-  inline bfloat operator op(A a, B b) { return bfloat(float(a) op float(b)); }
+  constexpr bfloat operator op(A a, B b) { return bfloat(float(a) op float(b)); }
 MA_BF_OP(+) MA_BF_OP(-) MA_BF_OP(*) MA_BF_OP(/)
 #undef MA_BF_OP
 template <class A, std::enable_if_t<std::is_same<A, bfloat>::value, int> = 0>
-inline bfloat operator-(A a) { return bfloat::from_bits(uint16_t(a.bits ^ 0x8000u)); }
+constexpr bfloat operator-(A a) { return bfloat::from_bits(uint16_t(a.bits ^ 0x8000u)); }
 template <class A, std::enable_if_t<std::is_same<A, bfloat>::value, int> = 0>
-inline bfloat operator+(A a) { return a; }
+constexpr bfloat operator+(A a) { return a; }
 
 // ---------------------------------------------------------------- traits
 template <class T> struct is_scalar_t : std::integral_constant<bool,
@@ -72,28 +72,61 @@ template <class A, class B> using scalar_common_t =
     std::remove_cv_t<decltype(std::declval<A>() + std::declval<B>())>;
 
 // ---------------------------------------------------------------- numeric limits
-template <class T> struct numeric_limits : std::numeric_limits<T> {};
-template <> struct numeric_limits<half> {
-  static constexpr bool is_specialized = true, is_signed = true, is_integer = false, has_infinity = true;
-  static constexpr int digits = 11, max_exponent = 16, min_exponent = -13;
+// Metal's numeric_limits<T> derives from _numeric_limits_impl<T>, which code bases specialize for
+// their own types (with _fp_numeric_limits_impl_base as the base of floating ones).
+struct _fp_numeric_limits_impl_base {
+  static constexpr bool is_specialized = true, is_signed = true, is_integer = false, is_exact = false,
+                        has_infinity = true, has_quiet_NaN = true, has_signaling_NaN = true, is_iec559 = true,
+                        is_bounded = true, is_modulo = false, traps = false, tinyness_before = false;
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+  static constexpr int radix = 2;
+};
+template <class T> struct _numeric_limits_impl : std::numeric_limits<T> {};
+template <> struct _numeric_limits_impl<half> : _fp_numeric_limits_impl_base {
+  static constexpr int digits = 11, digits10 = 3, max_digits10 = 5, max_exponent = 16, min_exponent = -13,
+                       max_exponent10 = 4, min_exponent10 = -4;
   static constexpr half min() { return half(6.103515625e-05f); }
   static constexpr half max() { return half(65504.0f); }
   static constexpr half lowest() { return half(-65504.0f); }
   static constexpr half epsilon() { return half(0.0009765625f); }
+  static constexpr half round_error() { return half(0.5f); }
   static constexpr half denorm_min() { return half(5.9604644775390625e-08f); }
   static constexpr half infinity() { return half(__builtin_inff()); }
   static constexpr half quiet_NaN() { return half(__builtin_nanf("")); }
+  static constexpr half signaling_NaN() { return half(__builtin_nansf("")); }
 };
-template <> struct numeric_limits<bfloat> {
-  static constexpr bool is_specialized = true, is_signed = true, is_integer = false, has_infinity = true;
-  static constexpr int digits = 8;
-  static bfloat min() { return bfloat::from_bits(0x0080); }
-  static bfloat max() { return bfloat::from_bits(0x7f7f); }
-  static bfloat lowest() { return bfloat::from_bits(0xff7f); }
-  static bfloat epsilon() { return bfloat::from_bits(0x3c00); }
-  static bfloat infinity() { return bfloat::from_bits(0x7f80); }
-  static bfloat quiet_NaN() { return bfloat::from_bits(0x7fc0); }
+template <> struct _numeric_limits_impl<bfloat> : _fp_numeric_limits_impl_base {
+  static constexpr int digits = 8, digits10 = 2, max_digits10 = 4, max_exponent = 128, min_exponent = -125,
+                       max_exponent10 = 38, min_exponent10 = -37;
+  static constexpr bfloat min() { return bfloat::from_bits(0x0080); }
+  static constexpr bfloat max() { return bfloat::from_bits(0x7f7f); }
+  static constexpr bfloat lowest() { return bfloat::from_bits(0xff7f); }
+  static constexpr bfloat epsilon() { return bfloat::from_bits(0x3c00); }
+  static constexpr bfloat round_error() { return bfloat::from_bits(0x3f00); }
+  static constexpr bfloat denorm_min() { return bfloat::from_bits(0x0001); }
+  static constexpr bfloat infinity() { return bfloat::from_bits(0x7f80); }
+  static constexpr bfloat quiet_NaN() { return bfloat::from_bits(0x7fc0); }
+  static constexpr bfloat signaling_NaN() { return bfloat::from_bits(0x7f81); }
 };
+template <class T> struct numeric_limits : _numeric_limits_impl<T> {};
+template <class T> struct numeric_limits<const T> : numeric_limits<T> {};
+
+// bit layout of the floating types (Metal's _fp_encoding_traits)
+template <class T> struct _fp_encoding_traits;
+#define MA_FP_ENC(T, U, bits_, mant_)                                                              \
+  template <> struct _fp_encoding_traits<T> {                                                      \
+    using encoding_type = U;                                                                       \
+    static constexpr int bits = bits_, mantissa_bits = mant_, exponent_bits = bits_ - 1 - mant_;   \
+    static constexpr U sign_mask = U(U(1) << (bits_ - 1));                                         \
+    static constexpr U mantissa_mask = U((U(1) << mant_) - 1);                                     \
+    static constexpr U exponent_mask = U(U(~sign_mask) & U(~mantissa_mask));                       \
+    static constexpr U inf_mask = exponent_mask;                                                   \
+    static constexpr int exponent_bias = (1 << (bits_ - 2 - mant_)) - 1;                          \
+  };
+MA_FP_ENC(float, uint32_t, 32, 23) MA_FP_ENC(half, uint16_t, 16, 10) MA_FP_ENC(bfloat, uint16_t, 16, 7)
+#undef MA_FP_ENC
 
 }  // namespace metal
 

@@ -80,6 +80,13 @@ template <class T, int S, int... I> struct swz {
   vec(const A0& a0, const A1& a1, const As&... as) {                                              \
     int k = 0; put(k, a0); put(k, a1); (put(k, as), ...);                                         \
   }                                                                                               \
+  /* brace initialization with fewer scalars than components ({1, 2, 3} for a uint4): the rest are 0 */  \
+  template <class A0, class A1, class... As,                                                      \
+            std::enable_if_t<(2 + sizeof...(As)) < N && is_scalar_v<A0> && is_scalar_v<A1> &&      \
+                             (true && ... && is_scalar_v<As>), int> = 0>                           \
+  vec(const A0& a0, const A1& a1, const As&... as) {                                              \
+    int k = 0; put(k, a0); put(k, a1); (put(k, as), ...); while (k < N) d[k++] = T(0);            \
+  }                                                                                               \
   template <class X> void put(int& k, const X& x) {                                               \
     if constexpr (is_vec_v<X>) { for (int i = 0; i < vlen_v<X>; ++i) d[k++] = T(x[i]); }         \
     else d[k++] = T(x);                                                                           \

@@ -1,0 +1,202 @@
+"""MSL conformance of the emulator (backend "mps-emu") for the idioms of real Metal code bases, each kernel
+checked against a torch reference: templated kernels instantiated under host names, METAL_FUNC, type traits,
+address-space-qualified members, [[threadgroup(n)]] parameters, simdgroup matrices, function constants, a
+source's own bfloat overloads in metal::precise, class-scope explicit specializations, metal::array, matrix
+types, simd_shuffle_and_fill_*, byte views, and compiling one kernel at a time. The kernels are in
+tests/fixtures/msl/ (written for these tests)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from metal_accel.backends.mps_emu import backend as mps_emu
+from metal_accel.backends.mps_emu.backend import MpsEmuBackend
+from metal_accel.core.errors import CompileError, KernelLaunchError
+
+pytestmark = [pytest.mark.needs_cxx, pytest.mark.skipif(not MpsEmuBackend().is_available(), reason="no C++ compiler")]
+
+FIXTURES = Path(__file__).parent / "fixtures" / "msl"
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+
+@pytest.fixture(scope="module")
+def tpl():
+    return MpsEmuBackend().compile((FIXTURES / "templates.metal").read_text())
+
+
+@pytest.fixture(scope="module")
+def std():
+    return MpsEmuBackend().compile((FIXTURES / "stdlib.metal").read_text(), {"use_scale": True, "repeat_n": 3})
+
+
+# ---------------------------------------------------------------- templated kernels and host names
+
+@pytest.mark.slow
+def test_templated_kernels_run_under_their_host_names(tpl):
+    assert set(tpl.kernel_names) >= {"square_f32", "square_f16_n2", "negate_i32", "negate_bf16", "row_sum"}
+    x = torch.randn(100)
+    out = torch.empty(100)
+    tpl.square_f32(x, out, 100, arg_casts={2: "int32"})
+    assert torch.equal(out, x * x)
+    h = torch.randn(101).half()
+    ho = torch.zeros(101).half()
+    tpl.square_f16_n2(h, ho, 101, arg_casts={2: "int32"}, threads=51)  # two elements per thread
+    assert torch.equal(ho, h * h)
+    i = torch.randint(-50, 50, (64,), dtype=torch.int32)
+    io = torch.empty_like(i)
+    tpl.negate_i32(i, io, 64, arg_casts={2: "int32"})
+    assert torch.equal(io, -i)
+    b = torch.randn(64).bfloat16()
+    bo = torch.empty_like(b)
+    tpl.negate_bf16(b, bo, 64, arg_casts={2: "int32"})
+    assert torch.equal(bo, -b)
+    with pytest.raises(KernelLaunchError, match="dtype torch.float16"):  # T = half: checked like a plain kernel
+        tpl.square_f16_n2(x, out, 100, arg_casts={2: "int32"})
+
+
+@pytest.mark.slow
+def test_llama_style_instantiations_byte_pointers_and_threadgroup_parameters(tpl):
+    rows, n = 5, 300
+    x = torch.randn(rows, n)
+    args = torch.tensor([n, 0, n * 4, 0, 0, 0], dtype=torch.int32)  # {int ne00; <pad>; uint64 nb01; float scale; <pad>}
+    args.view(torch.float32)[4] = 0.5
+    out = torch.zeros(rows)
+    tpl.row_sum(args, x, out, threads=rows * 96, group_size=96, threadgroup_sizes={0: 32 * 4})
+    torch.testing.assert_close(out, x.sum(1) * 0.5, rtol=1e-5, atol=1e-5)
+    tpl.row_sumsq(args, x, out, threads=rows * 64, group_size=64, threadgroup_sizes={0: 32 * 4})
+    torch.testing.assert_close(out, (x * x).sum(1) * 0.5, rtol=1e-5, atol=1e-5)
+    with pytest.raises(KernelLaunchError, match=r"threadgroup_sizes=\{0: bytes"):
+        tpl.row_sum(args, x, out, threads=rows * 64, group_size=64)
+    with pytest.raises(KernelLaunchError, match="multiple of 16"):
+        tpl.row_sum(args, x, out, threads=rows * 64, group_size=64, threadgroup_sizes={0: 100})
+    with pytest.raises(KernelLaunchError, match="threadgroup memory"):  # the 32 KiB limit counts them
+        tpl.row_sum(args, x, out, threads=rows * 64, group_size=64, threadgroup_sizes={0: 64 * 1024})
+
+
+@pytest.mark.slow
+def test_address_space_qualified_members(tpl):
+    pairs = torch.randn(64, 2)
+    out = torch.empty(64)
+    tpl.pair_members(pairs, out, threads=64, group_size=64)
+    torch.testing.assert_close(out, pairs[:, 0] * 2 + pairs[:, 1] + pairs.sum(1) + 3.0)
+
+
+@pytest.mark.slow
+def test_simdgroup_matrix_tiles_in_a_templated_kernel(tpl):
+    m, n = 16, 24
+    for name, k, dt in (("gemm_f32_k16", 16, torch.float32), ("gemm_f16_k32", 32, torch.float16)):
+        a, b = torch.randn(m, k).to(dt), torch.randn(k, n).to(dt)
+        c = torch.empty(m, n)
+        getattr(tpl, name)(a, b, c, n, arg_casts={3: "int32"}, threads=(n // 8 * 32, m // 8), group_size=(32, 1))
+        torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- stdlib: precise:: lookup, constants, misc
+
+@pytest.mark.slow
+def test_precise_functions_on_float_stay_float_beside_bfloat_overloads(std):
+    x = torch.tensor([33.63, -2.5, 0.1, 7.0] * 8)
+    out = torch.empty(3 * 32)
+    bout = torch.empty(32, dtype=torch.bfloat16)
+    std.precise_float(x, out, bout)
+    out = out.view(32, 3)
+    torch.testing.assert_close(out[:, 0], torch.exp(x), rtol=1e-6, atol=0)  # exp(33.63) = 4.02e14, not 4.55e14
+    torch.testing.assert_close(out[:, 1], torch.rsqrt(x * x + 1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(out[:, 2], torch.exp(x) + torch.clamp(x, min=0.5), rtol=1e-6, atol=0)
+    assert torch.equal(bout, torch.exp(x.bfloat16().float()).bfloat16())
+
+
+@pytest.mark.slow
+def test_function_constants_are_supplied_at_compile_time(std):
+    x = torch.randn(40)
+    out = torch.empty(40)
+    std.constants(x, out)
+    torch.testing.assert_close(out, x * 8)  # use_scale, repeat_n = 3, bias_value undefined
+    src = (FIXTURES / "stdlib.metal").read_text()
+    other = MpsEmuBackend().compile(src, {0: False, "repeat_n": 2, "bias_value": 0.25})
+    other.constants(x, out)
+    torch.testing.assert_close(out, x + 2.25)
+    missing = MpsEmuBackend().compile(src, {"use_scale": True})
+    with pytest.raises(KernelLaunchError, match=r"function constant 'repeat_n' .* has no value"):
+        missing.constants(x, out)
+
+
+@pytest.mark.slow
+def test_stdlib_names_arrays_matrices_and_initializers(std):
+    x = torch.randn(8)
+    raw = torch.randn(8)
+    out = torch.empty(80)
+    std.misc(x, out, raw.view(torch.uint8), threads=8, group_size=8)  # a char* binds any tensor as bytes
+    o = out.view(8, 10)
+    torch.testing.assert_close(o[:, 0], x + 6)                                        # metal::array
+    torch.testing.assert_close(o[:, 1], (x.half() * 2).float() + 2)                   # half4x4 * half4
+    torch.testing.assert_close(o[:, 2], 4 + 8 * x)                                    # float2x4 * float2
+    assert torch.all(o[:, 3] == 3)                                                     # uint4 u = {1, 2, 3}
+    assert torch.all(o[:, 4] == 6.5)                                                   # constexpr bfloat, = {0}
+    assert torch.equal(o[:, 5], raw)                                                   # device const char*
+    assert torch.all(o[:, 6] == 5)                                                     # class-scope template <>
+    assert torch.all(o[:, 7] == 23)                                                    # numeric_limits internals
+    assert torch.all(o[:, 8] == 13)                                                    # vec_elements, traits
+    assert torch.equal(o[:7, 9], torch.arange(1, 8, dtype=torch.float32))             # global simd_ helper
+
+
+@pytest.mark.slow
+def test_simd_shuffle_and_fill(std):
+    x = torch.arange(32, dtype=torch.float32) + 1
+    out = torch.empty(4 * 32)
+    std.shuffle_fill(x, out, threads=32, group_size=32)
+    o = out.view(32, 4)
+    lane = torch.arange(32)
+    down = torch.where(lane + 3 < 32, x[(lane + 3) % 32], -x[(lane + 3) % 32])
+    up = torch.where(lane - 2 >= 0, x[(lane - 2) % 32], -x[(lane - 2) % 32])
+    seg, i = lane // 8 * 8, lane % 8
+    down8 = torch.where(i + 1 < 8, x[seg + (i + 1) % 8], -x[seg + (i + 1) % 8])
+    assert torch.equal(o[:, 0], down) and torch.equal(o[:, 1], up) and torch.equal(o[:, 2], down8)
+    assert torch.all(o[:, 3] == x.bfloat16().float().sum().bfloat16().float())
+
+
+# ---------------------------------------------------------------- compiling one kernel at a time, errors
+
+@pytest.mark.slow
+def test_a_source_with_many_kernels_compiles_only_the_kernels_it_runs():
+    src = HEAD + "".join(f"kernel void k{i}(device float* o [[buffer(0)]], uint t [[thread_position_in_grid]]) "
+                         f"{{ o[t] = {i}.0f + t; }}\n" for i in range(mps_emu.EAGER_MAX_KERNELS + 2))
+    before = mps_emu.compile_count
+    lib = MpsEmuBackend().compile(src + "// many kernels\n")
+    assert mps_emu.compile_count == before and len(lib.kernel_names) == mps_emu.EAGER_MAX_KERNELS + 2
+    out = torch.empty(4)
+    lib.k3(out)
+    assert torch.equal(out, torch.arange(4.0) + 3) and mps_emu.compile_count == before + 1
+    lib.k3(out)
+    lib.k5(out)
+    assert torch.equal(out, torch.arange(4.0) + 5) and mps_emu.compile_count == before + 2
+
+
+@pytest.mark.parametrize("src,match", [
+    ("template <typename T> [[kernel]] void k(device T* o) {}\n"
+     "template [[host_name(\"k_f\")]] [[kernel]] decltype(g<float>) g<float>;", r"names g<float>, but no templated"),
+    ('#include "missing.h"\nkernel void k(device float* o) {}', r"line 3: '#include \"missing.h\"'.*paste"),
+    ("kernel void k(device float* o, uint i [[thread_position_in_grid]]) { threadgroup float s[4] = {1}; }",
+     r"line 3: threadgroup variable 's' has the initializer"),
+])
+def test_errors_name_the_feature_and_line(src, match):
+    with pytest.raises(CompileError, match=match):
+        MpsEmuBackend().compile(HEAD + src)
+
+
+def test_an_include_in_an_inactive_branch_is_ignored_and_simd_definitions_in_namespaces_are_left_alone():
+    src = HEAD + """
+#ifdef NOT_DEFINED
+#include "host_header.h"
+#endif
+namespace util {
+template <typename T> METAL_FUNC T simd_total(T x) { return simd_sum(x); }
+METAL_FUNC float simd_twice(float x) { return util::simd_total(x) * 2.0f; }
+}
+kernel void k(device float* o [[buffer(0)]], uint i [[thread_position_in_grid]]) { o[i] = util::simd_twice(1.0f); }
+"""
+    out = torch.empty(32)
+    MpsEmuBackend().compile(src).k(out)
+    assert torch.all(out == 64)
