@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ...core.errors import CompileError
+from . import msl_instrument
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
 from .msl_signature import (
@@ -189,19 +190,23 @@ def translate(preprocessed: str, include: str = "msl_emu/metal_stdlib.h") -> tup
             todo += [i for i in ids if i in bodies]
         return False
 
+    # threadgroup memory: its threads run as fibers, in lockstep within each SIMD-group (shadow.h)
+    uses_tg = any(tk.t(q) == "threadgroup" and tk.kind[tk.sig[q]] == "id" and tk.parent[q] != "[" for q in range(n))
     kernels: list[MslKernel] = []
     for (_, name_p, lp, _, host, fattrs) in found:
         fname = tk.t(name_p)
         params = kernel_params(tk, host, lp)
         max_threads = max_threads_per_threadgroup(host, fattrs)
-        fibers = outside_sync or reaches_sync(fname)
+        fibers = outside_sync or uses_tg or reaches_sync(fname)
         kernels.append(MslKernel(host, fname, params, fibers, max_threads))
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise CompileError(f"duplicate kernel names: {sorted(x for x in set(names) if names.count(x) > 1)}")
     kernel_functions = {k.function for k in kernels}
+    checks = msl_instrument.plan(tk)
     rewrite(tk, {f for f in bodies if f not in kernel_functions and f and reaches_sync(f)})
-    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)"]
+    msl_instrument.apply(tk, checks)
+    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", '# 1 "ma_launchers"']
     for k in kernels:
         out.append(launcher(k))
     return "\n".join(out) + "\n", kernels
