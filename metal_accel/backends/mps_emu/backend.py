@@ -85,7 +85,7 @@ def _element(base_type: str) -> tuple[str, int] | None:
 
 class _Region(ctypes.Structure):  # ma_rt::Region (include/msl_emu/shadow.h)
     _fields_ = [("base", ctypes.c_uint64), ("size", ctypes.c_uint64), ("index", ctypes.c_int32),
-                ("flags", ctypes.c_int32), ("gran", ctypes.c_int32), ("pad", ctypes.c_int32)]
+                ("flags", ctypes.c_int32), ("gran", ctypes.c_int32), ("esize", ctypes.c_int32)]
 
 
 class _Config(ctypes.Structure):  # ma_rt::Config
@@ -153,15 +153,15 @@ class EmuKernel:
         p = self._slots[i]
         return p is not None and (p.is_pointer or p.is_reference) and not re.search(r"\bconst\b", p.cpp_type)
 
-    def _config(self, regions: list[tuple[int, int, int, bool, int]]) -> tuple[_Config, Any]:
+    def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[_Config, Any]:
         """The launch's ma_rt::Config: bound buffers (a read-only one that overlaps a written one is
         tracked too: the kernel writes it through the other) and the library's access sites."""
         marked = []
-        for base, size, idx, writable, gran in regions:
-            if not writable and any(w and b < base + size and base < b + s for b, s, _, w, _ in regions):
+        for base, size, idx, writable, gran, esize in regions:
+            if not writable and any(w and b < base + size and base < b + s for b, s, _, w, _, _ in regions):
                 writable = True
-            marked.append((base, size, idx, writable, gran))
-        arr = (_Region * max(1, len(marked)))(*[_Region(b, s, i, int(w), g, 0) for b, s, i, w, g in marked])
+            marked.append((base, size, idx, writable, gran, esize))
+        arr = (_Region * max(1, len(marked)))(*[_Region(b, s, i, int(w), g, e) for b, s, i, w, g, e in marked])
         cfg = _Config(len(marked), self._sites.n, ctypes.addressof(arr), ctypes.addressof(self._sites.pc),
                       ctypes.addressof(self._sites.path))
         return cfg, arr
@@ -251,7 +251,7 @@ class EmuKernel:
             raise KernelLaunchError(f"kernel {k.name}: arg_casts must be a str or a dict {{index: cast}}")
         ptrs = (ctypes.c_void_p * max(1, len(args)))()
         keep: list[Any] = []
-        regions: list[tuple[int, int, int, bool, int]] = []  # base, size, index, writable, granule
+        regions: list[tuple[int, int, int, bool, int, int]] = []  # base, size, index, writable, granule, element bytes
         first_numel = None
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
@@ -263,7 +263,7 @@ class EmuKernel:
                     want = " or ".join(str(d) for d in _ELEMS[el[0]][0])
                     raise KernelLaunchError(f"{self._where(i)}: expected a tensor of dtype {want}, got {a.dtype}")
                 ptrs[i] = a.data_ptr()  # the storage from the tensor's storage offset, as compile_shader binds it
-                regions.append((a.data_ptr(), _extent(a), i, self._writable(i), min(4, a.element_size())))
+                regions.append((a.data_ptr(), _extent(a), i, self._writable(i), min(4, a.element_size()), a.element_size()))
                 if first_numel is None:
                     first_numel = a.numel()
                 continue
@@ -271,7 +271,7 @@ class EmuKernel:
             buf, nbytes, gran = self._scalar(i, a, cast)
             keep.append(buf)
             ptrs[i] = ctypes.addressof(buf)
-            regions.append((ptrs[i], nbytes, i, self._writable(i), gran))
+            regions.append((ptrs[i], nbytes, i, self._writable(i), gran, gran))
         if threads is None and first_numel is None:
             raise KernelLaunchError(f"kernel {k.name}: the number of threads is undefined; pass threads=")
         grid = grid_dims(threads if threads is not None else first_numel, "threads", k.name)
@@ -294,9 +294,9 @@ class EmuKernel:
         grid += [1] * (3 - len(grid))
         group += [1] * (3 - len(group))
         dims = (ctypes.c_uint64 * 6)(*grid, *group)
-        err = ctypes.create_string_buffer(512)
+        err = ctypes.create_string_buffer(1024)
         cfg, keep_regions = self._config(regions)
-        if self._fn(ptrs, dims, err, 512, ctypes.byref(cfg)) != 0:
+        if self._fn(ptrs, dims, err, 1024, ctypes.byref(cfg)) != 0:
             raise KernelLaunchError(f"kernel {k.name}: {self._message(err.value.decode(errors='replace'))}")
         del keep_regions
 

@@ -95,4 +95,4 @@ def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
     if tk.t(q) == "=":
         raise CompileError("threadgroup variables cannot have initializers in Metal")
     tk.set(p, "static thread_local")
-    tk.set(q, ";" + "".join(f' ma_rt::tg_note(&{nm}, sizeof({nm}), "{nm}");' for nm in dict.fromkeys(names)))
+    tk.set(q, ";" + "".join(f' ma_rt::tg_note(&{nm}, sizeof({nm}), "{nm}", sizeof(std::remove_all_extents_t<decltype({nm})>));' for nm in dict.fromkeys(names)))

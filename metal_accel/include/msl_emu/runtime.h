@@ -81,7 +81,7 @@ struct Config;
 struct Shadow;
 struct Launch {
   std::atomic<int> failed{0};
-  char msg[512] = {0};
+  char msg[1024] = {0};
   const Config* cfg = nullptr;  // the bound buffers and the access sites (shadow.h)
   Shadow* shadow = nullptr;      // race-detection state of the launch (shadow.h)
   uintptr_t host_lo = 0, host_hi = 0;  // the launcher's frame, which the kernel's closure lives in
@@ -129,17 +129,17 @@ template <class P> MA_NOSAN_INLINE inline P bindp(void* p) {
 // The variables are also the regions the race detector watches (shadow.h): their names, sizes, and the
 // offset of each in the group's shadow.
 struct TgNotes {
-  const void* p[64]; size_t bytes[64]; size_t off[64]; const char* name[64];
+  const void* p[64]; size_t bytes[64], off[64], esize[64]; const char* name[64];
   uintptr_t lo, hi;  // the smallest range holding every variable
   size_t total; int n;
 };
 inline thread_local TgNotes tl_tg = {};
 MA_NOSAN inline void tg_reset() { tl_tg.n = 0; tl_tg.total = 0; tl_tg.lo = ~uintptr_t(0); tl_tg.hi = 0; }
-MA_NOSAN inline void tg_note(void* p, size_t bytes, const char* name = "") {
+MA_NOSAN inline void tg_note(void* p, size_t bytes, const char* name = "", size_t esize = 1) {
   for (int i = 0; i < tl_tg.n; ++i) if (tl_tg.p[i] == p) return;
   if (tl_tg.n == 64) { fail("more than 64 threadgroup variables"); return; }
   int k = tl_tg.n++;
-  tl_tg.p[k] = p; tl_tg.bytes[k] = bytes; tl_tg.off[k] = tl_tg.total; tl_tg.name[k] = name;
+  tl_tg.p[k] = p; tl_tg.bytes[k] = bytes; tl_tg.off[k] = tl_tg.total; tl_tg.name[k] = name; tl_tg.esize[k] = esize;
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (a < tl_tg.lo) tl_tg.lo = a;
   if (a + bytes > tl_tg.hi) tl_tg.hi = a + bytes;

@@ -27,7 +27,7 @@ struct Region {            // one bound buffer
   int32_t index;           // kernel argument index
   int32_t flags;           // kWritable: the kernel may write it (its accesses are tracked)
   int32_t gran;            // bytes per shadow entry (the buffer's scalar size, 1 to 4)
-  int32_t pad;
+  int32_t esize;           // bytes per element (error messages count elements)
 };
 constexpr int32_t kWritable = 1;
 constexpr int kPathWidth = kMaxDepth + 2;  // a site's path: count, then lines, outermost first
@@ -213,7 +213,7 @@ MA_NOSAN inline void check_write(Ent& e, Group* g, uint32_t G, const char* var, 
 struct Where {  // a classified address
   int region;   // >= 0: bound buffer; -1 - k: threadgroup variable k
   uintptr_t base;
-  size_t size, gran;
+  size_t size, gran, esize;
   Ent* ent;
   const char* name;
 };
@@ -238,8 +238,9 @@ MA_NOSAN inline void apply(Group* g, const Where& w, uintptr_t a, size_t size, b
       std::memset(&e, 0, sizeof e);
       e.serial = g->serial;
     }
-    if (store) check_write(e, g, G, var, (long long)i, pc);
-    else check_read(e, g, G, var, (long long)i, pc);
+    long long elem = (long long)(i * w.gran / w.esize);
+    if (store) check_write(e, g, G, var, elem, pc);
+    else check_read(e, g, G, var, elem, pc);
     if (lk) lk->store(0, std::memory_order_release);
   }
 }
@@ -257,10 +258,12 @@ MA_NOSAN inline void commit_pending(Group* g, int me) {
   Where w;
   if (p.region >= 0) {
     const Region& r = tl_launch->cfg->regions[p.region];
-    w = Where{p.region, uintptr_t(r.base), size_t(r.size), size_t(r.gran), tl_launch->shadow->ent[p.region], nullptr};
+    w = Where{p.region, uintptr_t(r.base), size_t(r.size), size_t(r.gran), size_t(r.esize > 0 ? r.esize : 1),
+              tl_launch->shadow->ent[p.region], nullptr};
   } else {
     int k = -1 - p.region;
-    w = Where{p.region, reinterpret_cast<uintptr_t>(tl_tg.p[k]), tl_tg.bytes[k], 1, tl_tg_ent + tl_tg.off[k], tl_tg.name[k]};
+    w = Where{p.region, reinterpret_cast<uintptr_t>(tl_tg.p[k]), tl_tg.bytes[k], 1, tl_tg.esize[k], tl_tg_ent + tl_tg.off[k],
+              tl_tg.name[k]};
   }
   apply(g, w, p.addr, size, true, g->fib[me].pc);
 }
@@ -314,7 +317,7 @@ __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t 
       if (a >= lo && a < lo + tl_tg.bytes[k]) {
         if (a + size > lo + tl_tg.bytes[k]) out_of_bounds(a, size, store, pc);
         if (tl_tg.off[k] + tl_tg.bytes[k] > kMaxThreadgroupMemory || !tl_tg_ent) return;  // the launch fails anyway
-        w = Where{-1 - k, lo, tl_tg.bytes[k], 1, tl_tg_ent + tl_tg.off[k], tl_tg.name[k]};
+        w = Where{-1 - k, lo, tl_tg.bytes[k], 1, tl_tg.esize[k], tl_tg_ent + tl_tg.off[k], tl_tg.name[k]};
         break;
       }
     }
@@ -327,7 +330,8 @@ __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t 
         if (a + size > r.base + r.size) out_of_bounds(a, size, store, pc);
         if (!(r.flags & kWritable)) return;  // read-only: the order of reads does not matter
         if (i >= uint32_t(kMaxRegions) || !L->shadow->ent[i]) return;
-        w = Where{int(i), uintptr_t(r.base), size_t(r.size), size_t(r.gran), L->shadow->ent[i], nullptr};
+        w = Where{int(i), uintptr_t(r.base), size_t(r.size), size_t(r.gran), size_t(r.esize > 0 ? r.esize : 1),
+                  L->shadow->ent[i], nullptr};
         break;
       }
     }
