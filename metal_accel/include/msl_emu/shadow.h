@@ -145,10 +145,10 @@ template <class T> __attribute__((always_inline)) inline const T& dz(const T& v,
 }
 
 // ---------------------------------------------------------------- memory accesses
-MA_NOSAN inline int sg_of(const Group* g, int t) { return g->plain ? t : t / kSimdWidth; }
+MA_NOSAN_INLINE inline int sg_of(const Group* g, int t) { return g->plain ? t : t / kSimdWidth; }
 
 // where a waiting thread stands in program order: the path of its access site
-MA_NOSAN inline void set_position(Group* g, uint64_t pc) {
+MA_NOSAN_INLINE inline void set_position(Group* g, uint64_t pc) {
   Fiber& f = g->fib[g->cur];
   f.pc = pc; f.nsite = 0;
   const Config* c = tl_launch->cfg;
@@ -180,7 +180,7 @@ MA_NOSAN inline void set_position(Group* g, uint64_t pc) {
 }
 
 // a read of one entry by the running thread
-MA_NOSAN inline void check_read(Ent& e, Group* g, uint32_t G, const char* var, long long elem, uint64_t pc) {
+MA_NOSAN_INLINE inline void check_read(Ent& e, Group* g, uint32_t G, const char* var, long long elem, uint64_t pc) {
   int t = g->thread();
   uint16_t ep = uint16_t(g->epoch);
   if (e.wg && e.wch) {
@@ -194,7 +194,7 @@ MA_NOSAN inline void check_read(Ent& e, Group* g, uint32_t G, const char* var, l
   e.rpc = uint32_t(pc);
 }
 // a write that changed the value, by the running thread
-MA_NOSAN inline void check_write(Ent& e, Group* g, uint32_t G, const char* var, long long elem, uint64_t pc) {
+MA_NOSAN_INLINE inline void check_write(Ent& e, Group* g, uint32_t G, const char* var, long long elem, uint64_t pc) {
   int t = g->thread();
   uint16_t ep = uint16_t(g->epoch);
   uint16_t st = uint16_t(g->plain ? 0 : g->step[t / kSimdWidth]);
@@ -222,7 +222,7 @@ MA_NOSAN inline const char* region_name(int index, char* buf, size_t n) {
   return buf;
 }
 
-MA_NOSAN inline void apply(Group* g, const Where& w, uintptr_t a, size_t size, bool store, uint64_t pc) {
+MA_NOSAN_INLINE inline void apply(Group* g, const Where& w, uintptr_t a, size_t size, bool store, uint64_t pc) {
   Shadow* s = tl_launch->shadow;
   char nb[32];
   const char* var = w.region >= 0 ? region_name(tl_launch->cfg->regions[w.region].index, nb, sizeof nb) : w.name;
@@ -246,7 +246,7 @@ MA_NOSAN inline void apply(Group* g, const Where& w, uintptr_t a, size_t size, b
 }
 
 // the previous store of thread ME, now that it has happened: did it change the value?
-MA_NOSAN inline void commit_pending(Group* g, int me) {
+MA_NOSAN_INLINE inline void commit_pending(Group* g, int me) {
   Pending& p = g->fib[me].pend;
   if (!p.size) return;
   uint32_t size = p.size;
