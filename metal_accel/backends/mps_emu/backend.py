@@ -350,8 +350,7 @@ def _flags() -> tuple[str, ...]:
     # tables name the sites (msl_sites.py)
     # (GCC's thread-sanitizer instrumentation, whose entry points the emulator's header defines: its runtime,
     # libtsan, is not linked, so the default libraries are named one by one in _LIBS)
-    checks = ("-g1", "-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0", "-nodefaultlibs",
-              "-fvisibility=hidden", "-fvisibility-inlines-hidden")
+    checks = ("-g1", "-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0", "-nodefaultlibs")
     return ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off",
             "-fno-math-errno", "-w", f"-I{config.include_dir()}", *checks, *openmp_flags())
 
