@@ -110,7 +110,8 @@ def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
         tk.blank(q, r - 1)
         q, note = r, "tg_note_zero"
     tk.set(p, "static thread_local")
-    tk.set(q, ";" + "".join(f" ma_rt::{note}(&{nm}, sizeof({nm}));" for nm in dict.fromkeys(names)))
+    tk.set(q, ";" + "".join(f' ma_rt::{note}(&{nm}, sizeof({nm}), "{nm}", sizeof(std::remove_all_extents_t<decltype({nm})>));'
+                            for nm in dict.fromkeys(names)))
 
 
 def _all_zero(init: list[str]) -> bool:
