@@ -93,12 +93,12 @@ def _element(base_type: str, pointer: bool = False) -> tuple[str, int] | None:
     return (name, width) if name in _ELEMS else None
 
 
-class _Region(ctypes.Structure):  # ma_rt::Region (include/msl_emu/shadow.h)
+class LaunchRegion(ctypes.Structure):  # ma_rt::Region (include/msl_emu/shadow.h)
     _fields_ = [("base", ctypes.c_uint64), ("size", ctypes.c_uint64), ("index", ctypes.c_int32),
                 ("flags", ctypes.c_int32), ("gran", ctypes.c_int32), ("esize", ctypes.c_int32)]
 
 
-class _Config(ctypes.Structure):  # ma_rt::Config
+class LaunchConfig(ctypes.Structure):  # ma_rt::Config
     _fields_ = [("nregions", ctypes.c_uint32), ("nsites", ctypes.c_uint32), ("regions", ctypes.c_void_p),
                 ("site_pc", ctypes.c_void_p), ("site_path", ctypes.c_void_p)]
 
@@ -114,7 +114,7 @@ def _extent(t: torch.Tensor) -> int:
     return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)) * t.element_size()
 
 
-class _SiteTable:
+class SiteTable:
     """The access sites of a library, as the runtime reads them (sorted offsets, fixed-width paths)."""
 
     def __init__(self, sites: msl_sites.Sites) -> None:
@@ -132,9 +132,9 @@ class _SiteTable:
 class EmuKernel:
     """One kernel of an EmuLibrary; calling it runs the kernel over a grid, like compile_shader's."""
 
-    def __init__(self, k: MslKernel, fn: Any, sites: _SiteTable | None = None) -> None:
+    def __init__(self, k: MslKernel, fn: Any, sites: SiteTable | None = None) -> None:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
-        self._sites = sites or _SiteTable({})
+        self._sites = sites or SiteTable({})
         fn.restype = ctypes.c_int
         self._k, self._fn = k, fn
         buffers = [p for p in k.params if p.attribute is None]
@@ -165,7 +165,7 @@ class EmuKernel:
         p = self._slots[i]
         return p is not None and (p.is_pointer or p.is_reference) and not re.search(r"\bconst\b", p.cpp_type)
 
-    def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[_Config, Any]:
+    def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[LaunchConfig, Any]:
         """The launch's ma_rt::Config: bound buffers (a read-only one that overlaps a written one is
         tracked too: the kernel writes it through the other) and the library's access sites."""
         marked = []
@@ -173,8 +173,8 @@ class EmuKernel:
             if not writable and any(w and b < base + size and base < b + s for b, s, _, w, _, _ in regions):
                 writable = True
             marked.append((base, size, idx, writable, gran, esize))
-        arr = (_Region * max(1, len(marked)))(*[_Region(b, s, i, int(w), g, e) for b, s, i, w, g, e in marked])
-        cfg = _Config(len(marked), self._sites.n, ctypes.addressof(arr), ctypes.addressof(self._sites.pc),
+        arr = (LaunchRegion * max(1, len(marked)))(*[LaunchRegion(b, s, i, int(w), g, e) for b, s, i, w, g, e in marked])
+        cfg = LaunchConfig(len(marked), self._sites.n, ctypes.addressof(arr), ctypes.addressof(self._sites.pc),
                       ctypes.addressof(self._sites.path))
         return cfg, arr
 
@@ -368,7 +368,7 @@ class EmuLibrary:
                 msl_sites.save(sites, sites_file)
             except OSError:
                 pass
-        table = _SiteTable(sites)
+        table = SiteTable(sites)
         try:
             dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
             fns = {k.name: getattr(dll, f"ma_launch_{k.name}") for k in kernels}

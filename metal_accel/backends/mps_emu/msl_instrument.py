@@ -209,7 +209,7 @@ def _divisor_edit(tk: Tokens, p: int) -> list[Edit] | None:
     if tk.parent[p] == "" or tk.t(p - 1) == "operator":
         return None
     if tk.t(p) in ("/=", "%="):
-        q, depth = p + 1, 0
+        q = p + 1
         while q < len(tk.sig):
             t = tk.t(q)
             if t in ("(", "[", "{") and q in tk.match:
