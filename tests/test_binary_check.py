@@ -104,8 +104,9 @@ def test_emulator_runtime_passes_its_policy_but_not_the_cpus():
     from metal_accel.backends.mps_emu.backend import MpsEmuBackend
     lib = MpsEmuBackend().compile("#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x "
                                   "[[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] += 1.0f; }")
-    check(lib._path, MPS_EMU)
-    with pytest.raises(BinaryCheckError, match="thread-local|imports"):
+    from metal_accel.backends.mps_emu.backend import _baseline  # the runtime's own load-time entries (its checks' ctor)
+    check_shared_object(lib._path, MPS_EMU, _baseline(find_compiler()))
+    with pytest.raises(BinaryCheckError, match="thread-local|imports|loaded"):
         check(lib._path, CPU)
 
 

@@ -103,6 +103,14 @@ def test_remote_emulator_kernel_matches_in_process() -> None:
         there.scale(x, b, 2)
 
 
+def test_a_remote_emulator_kernel_out_of_bounds_is_reported_with_its_line() -> None:
+    emu = get_backend("mps-emu")
+    there = RemoteLibrary(emu, EMU)
+    x, out = torch.randn(100), torch.empty(90)
+    with pytest.raises(KernelLaunchError, match=r"out-of-bounds write .*line 5.*out \(argument 1\)"):
+        there.scale(x, out, 1.5, threads=100)
+
+
 def test_writes_to_const_parameters_are_not_copied_back() -> None:
     there = RemoteLibrary(get_backend("cpu"), TRICKS)
     x, out = torch.arange(8, dtype=torch.float32), torch.zeros(8)

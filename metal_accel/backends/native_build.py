@@ -125,11 +125,12 @@ def header_listing(stderr: str, work: Path) -> list[tuple[int, str]]:
 
 
 def compile_shared(cxx: str, flags: tuple[str, ...], work: Path, source_name: str, timeout_s: int,
-                   include_dir: Path, allowed: frozenset[str], what: str = "C++ compilation") -> Path:
+                   include_dir: Path, allowed: frozenset[str], what: str = "C++ compilation",
+                   libs: tuple[str, ...] = ()) -> Path:
     """Compile WORK/SOURCE_NAME into WORK/kernel.so with the compiler run in WORK; check the headers it opened.
-    Raises CompileError with scrubbed diagnostics."""
+    LIBS go after the source (libraries to link). Raises CompileError with scrubbed diagnostics."""
     try:
-        proc = subprocess.run([cxx, *flags, "-H", source_name, "-o", "kernel.so"], cwd=work, capture_output=True,
+        proc = subprocess.run([cxx, *flags, "-H", source_name, "-o", "kernel.so", *libs], cwd=work, capture_output=True,
                               encoding="utf-8", errors="replace", timeout=timeout_s, env=compiler_env())
     except subprocess.TimeoutExpired:
         raise CompileError(f"{what} timed out after {timeout_s} s") from None

@@ -24,8 +24,10 @@ def cpu_call_format(params: list[Any]) -> struct.Struct:
 
 
 def emu_call_format(nbuffers: int) -> struct.Struct:
-    """The payload of one call of an mps-emu kernel: an arena offset per buffer index, then the grid and group."""
-    return struct.Struct(f"<{nbuffers}Q6Q")
+    """The payload of one call of an mps-emu kernel: an arena offset per buffer index, the bytes the kernel may
+    reach from it, a word of region flags (writable | granule << 8 | element bytes << 16), then the grid and
+    group: the emulator's bounds and race checks see the buffers as the caller bound them."""
+    return struct.Struct(f"<{nbuffers}Q{nbuffers}Q{nbuffers}Q6Q")
 
 
 def call_frame(payload: struct.Struct) -> struct.Struct:

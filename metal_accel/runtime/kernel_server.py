@@ -36,7 +36,8 @@ import torch
 from ..backends.base import Backend, BoundKernels
 from ..backends.cpu.backend import _bind
 from ..backends.cpu.signature import parse_extern_c
-from ..backends.mps_emu.backend import EmuKernel
+from ..backends.mps_emu import msl_sites
+from ..backends.mps_emu.backend import EmuKernel, SiteTable
 from ..backends.mps_emu.msl_signature import MslKernel, MslParam
 from ..core import config
 from ..core.errors import CompileError, MetalAccelError
@@ -303,7 +304,7 @@ class RemoteLibrary(BoundKernels):
             RemoteLibrary._ids += 1
             self._id = RemoteLibrary._ids
         self._backend, self._source = backend.name, source
-        backend.build(source)
+        artifact = backend.build(source)
         self._build_dir = str(config.build_dir())
         self._generation = -1
         self._slowest = 0.0
@@ -311,9 +312,10 @@ class RemoteLibrary(BoundKernels):
         with _lock:
             names, emu = self._attach_new()
         kernels: dict[str, Callable[..., None]] = {}
-        if backend.name == "mps-emu":
+        if backend.name == "mps-emu":  # error messages name source lines from the artifact's access sites
+            sites = SiteTable(msl_sites.load(Path(artifact).with_suffix(".sites.json")) or {})
             for index, d in enumerate(emu):
-                kernels[d["name"]] = _RemoteEmuKernel(MslKernel.from_dict(d), self, index)
+                kernels[d["name"]] = _RemoteEmuKernel(MslKernel.from_dict(d), self, index, sites)
         else:
             signatures = parse_extern_c(source)
             if sorted(signatures) != sorted(names):
@@ -423,20 +425,27 @@ class RemoteLibrary(BoundKernels):
 class _RemoteEmuKernel(EmuKernel):
     """An MSL emulator kernel checked and launched by EmuKernel's own code, run by the kernel server."""
 
-    def __init__(self, k: MslKernel, library: RemoteLibrary, index: int) -> None:
-        def forward(ptrs: Any, dims: Any, err: Any, size: int) -> int:
+    def __init__(self, k: MslKernel, library: RemoteLibrary, index: int, sites: SiteTable | None = None) -> None:
+        def forward(ptrs: Any, dims: Any, err: Any, size: int, cfg: Any = None) -> int:
             return self._forward(ptrs, dims, err, size)
-        super().__init__(k, forward)
+        super().__init__(k, forward, sites)
         self._library, self._index = library, index
-        self._writable = [_emu_writable(p) for p in self._slots]
+        self._slot_writable = [_emu_writable(p) for p in self._slots]
+        self._regions: dict[int, tuple[int, int]] = {}  # buffer index -> (bytes, flags word), this call
         self._format = call_frame(emu_call_format(self._nargs))
         self._args: tuple[Any, ...] = ()
         self._bufs: dict[int, Any] = {}
 
-    def _scalar(self, i: int, value: Any, cast: str | None) -> ctypes.Array:
-        buf = super()._scalar(i, value, cast)
-        self._bufs[i] = buf
-        return buf
+    def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[Any, Any]:
+        cfg, arr = super()._config(regions)
+        self._regions = {r.index: (r.size, int(r.flags) | int(r.gran) << 8 | int(r.esize) << 16)
+                         for r in arr[:cfg.nregions]}
+        return cfg, arr
+
+    def _scalar(self, i: int, value: Any, cast: str | None) -> tuple[ctypes.Array, int, int]:
+        bound = super()._scalar(i, value, cast)
+        self._bufs[i] = bound[0]
+        return bound
 
     def __call__(self, *args: Any, **launch: Any) -> None:
         with _lock:
@@ -454,13 +463,16 @@ class _RemoteEmuKernel(EmuKernel):
         for i, a in enumerate(self._args):
             if isinstance(a, torch.Tensor):  # bound from its storage offset to the storage's end, as compile_shader does
                 nbytes = a.untyped_storage().nbytes() - a.storage_offset() * a.element_size()
-                buffers.append((ptrs[i] or 0, max(0, nbytes), self._writable[i]))
+                buffers.append((ptrs[i] or 0, max(0, nbytes), self._slot_writable[i]))
             else:
                 buf = self._bufs[i]
                 buffers.append((ctypes.addressof(buf), ctypes.sizeof(buf), False))
         head = (self._format.size - HEAD.size, OP_CALL, self._library._id, self._index)
         grid = list(dims)
-        error = self._library._run(self._k.name, tuple(buffers), lambda offsets: self._format.pack(*head, *offsets, *grid))
+        sizes = [self._regions.get(i, (0, 0))[0] for i in range(self._nargs)]
+        flags = [self._regions.get(i, (0, 0))[1] for i in range(self._nargs)]
+        error = self._library._run(self._k.name, tuple(buffers),
+                                   lambda offsets: self._format.pack(*head, *offsets, *sizes, *flags, *grid))
         if error:
             err.value = error.encode()[:size - 1]
             return 1

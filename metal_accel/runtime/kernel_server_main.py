@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..backends import available_backends, get_backend
+from ..backends.mps_emu.backend import LaunchConfig, LaunchRegion
 from ..core import config
 from ..proof.worker_main import prepare as prepare_backend
 from ..sandbox import confine
@@ -97,7 +98,7 @@ class _Library:
             for name in self.names:
                 kernel = getattr(lib, name)
                 self.emu.append(kernel._k.to_dict())
-                self.calls.append(_emu_call(kernel._fn, kernel._nargs))
+                self.calls.append(_emu_call(kernel._fn, kernel._nargs, kernel._sites))
         else:
             for name in self.names:
                 self.calls.append(_cpu_call(getattr(lib._dll, name), lib.signatures[name]))  # argtypes set by _bind
@@ -119,18 +120,26 @@ def _cpu_call(fn: Any, params: list[Any]) -> Call:
     return call
 
 
-def _emu_call(fn: Any, nargs: int) -> Call:
+def _emu_call(fn: Any, nargs: int, sites: Any) -> Call:
     fmt = emu_call_format(nargs)
     ptrs = (ctypes.c_void_p * max(1, nargs))()
     dims = (ctypes.c_uint64 * 6)()
-    err = ctypes.create_string_buffer(512)
+    err = ctypes.create_string_buffer(1024)
+    regions = (LaunchRegion * max(1, nargs))()
+    cfg = LaunchConfig(0, sites.n, ctypes.addressof(regions), ctypes.addressof(sites.pc), ctypes.addressof(sites.path))
 
     def call(buf: bytearray, at: int, base: int) -> str:
         values = fmt.unpack_from(buf, at)
+        n = 0
         for i in range(nargs):
             ptrs[i] = base + values[i]
-        dims[:] = values[nargs:]
-        if fn(ptrs, dims, err, 512) != 0:
+            size, flags = values[nargs + i], values[2 * nargs + i]
+            if size:
+                regions[n] = LaunchRegion(base + values[i], size, i, flags & 0xFF, (flags >> 8) & 0xFF, flags >> 16)
+                n += 1
+        cfg.nregions = n
+        dims[:] = values[3 * nargs:]
+        if fn(ptrs, dims, err, 1024, ctypes.byref(cfg)) != 0:
             return err.value.decode(errors="replace")
         return ""
     return call

@@ -44,6 +44,7 @@ from ..cpu.backend import (
 )
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from ..native_build import compile_shared, compiler_env, scrub_diagnostics
+from . import msl_sites
 from .msl_signature import launcher, threadgroup_slots
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate, translate_unit
 
@@ -92,11 +93,48 @@ def _element(base_type: str, pointer: bool = False) -> tuple[str, int] | None:
     return (name, width) if name in _ELEMS else None
 
 
+class LaunchRegion(ctypes.Structure):  # ma_rt::Region (include/msl_emu/shadow.h)
+    _fields_ = [("base", ctypes.c_uint64), ("size", ctypes.c_uint64), ("index", ctypes.c_int32),
+                ("flags", ctypes.c_int32), ("gran", ctypes.c_int32), ("esize", ctypes.c_int32)]
+
+
+class LaunchConfig(ctypes.Structure):  # ma_rt::Config
+    _fields_ = [("nregions", ctypes.c_uint32), ("nsites", ctypes.c_uint32), ("regions", ctypes.c_void_p),
+                ("site_pc", ctypes.c_void_p), ("site_path", ctypes.c_void_p)]
+
+
+_PATH_WIDTH = msl_sites.MAX_PATH + 1  # kPathWidth in shadow.h
+_PLACEHOLDER = re.compile(r"\{(arg|pc):([0-9a-f]+)\}")
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes a kernel may reach from the tensor's data_ptr: up to the end of its last element."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)) * t.element_size()
+
+
+class SiteTable:
+    """The access sites of a library, as the runtime reads them (sorted offsets, fixed-width paths)."""
+
+    def __init__(self, sites: msl_sites.Sites) -> None:
+        self.sites = sites
+        pcs = sorted(sites)
+        self.n = len(pcs)
+        self.pc = (ctypes.c_uint64 * max(1, self.n))(*pcs)
+        flat: list[int] = []
+        for pc in pcs:
+            path = sites[pc][:msl_sites.MAX_PATH]
+            flat += [len(path)] + path + [0] * (msl_sites.MAX_PATH - len(path))
+        self.path = (ctypes.c_int32 * max(1, len(flat)))(*flat)
+
+
 class EmuKernel:
     """One kernel of an EmuLibrary; calling it runs the kernel over a grid, like compile_shader's."""
 
-    def __init__(self, k: MslKernel, fn: Any) -> None:
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    def __init__(self, k: MslKernel, fn: Any, sites: SiteTable | None = None) -> None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
+        self._sites = sites or SiteTable({})
         fn.restype = ctypes.c_int
         self._k, self._fn = k, fn
         buffers = [p for p in k.params if p.attribute is None]
@@ -123,7 +161,34 @@ class EmuKernel:
         p = self._slots[i]
         return f"kernel {self._k.name}, argument {i}" + (f" ({p.decl})" if p else " (no parameter has this buffer index)")
 
-    def _scalar(self, i: int, value: Any, cast: str | None) -> ctypes.Array:
+    def _writable(self, i: int) -> bool:
+        p = self._slots[i]
+        return p is not None and (p.is_pointer or p.is_reference) and not re.search(r"\bconst\b", p.cpp_type)
+
+    def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[LaunchConfig, Any]:
+        """The launch's ma_rt::Config: bound buffers (a read-only one that overlaps a written one is
+        tracked too: the kernel writes it through the other) and the library's access sites."""
+        marked = []
+        for base, size, idx, writable, gran, esize in regions:
+            if not writable and any(w and b < base + size and base < b + s for b, s, _, w, _, _ in regions):
+                writable = True
+            marked.append((base, size, idx, writable, gran, esize))
+        arr = (LaunchRegion * max(1, len(marked)))(*[LaunchRegion(b, s, i, int(w), g, e) for b, s, i, w, g, e in marked])
+        cfg = LaunchConfig(len(marked), self._sites.n, ctypes.addressof(arr), ctypes.addressof(self._sites.pc),
+                      ctypes.addressof(self._sites.path))
+        return cfg, arr
+
+    def _message(self, text: str) -> str:
+        """The runtime's message with `{arg:i}` and `{pc:x}` made names and source lines."""
+        def sub(m: re.Match) -> str:
+            if m.group(1) == "arg":
+                i = int(m.group(2))
+                p = self._slots[i] if i < len(self._slots) else None
+                return f"{p.name if p else 'buffer'} (argument {i})"
+            return msl_sites.where(self._sites.sites, int(m.group(2), 16))
+        return _PLACEHOLDER.sub(sub, text)
+
+    def _scalar(self, i: int, value: Any, cast: str | None) -> tuple[ctypes.Array, int, int]:
         """The bytes compile_shader binds for a Python number or list of numbers, checked against the parameter."""
         vals = list(value) if isinstance(value, (list, tuple)) else [value]
         if not vals:
@@ -152,7 +217,7 @@ class EmuKernel:
         self._check_scalar(i, kind, size, nums, cast)
         buf = (ctypes.c_char * max(64, len(data) + 32))()
         ctypes.memmove(buf, data, len(data))
-        return buf
+        return buf, len(data), min(4, max(1, size))
 
     def _check_scalar(self, i: int, kind: str, size: int, nums: list, cast: str | None) -> None:
         p, el = self._slots[i], self._elems[i]
@@ -225,6 +290,7 @@ class EmuKernel:
             raise KernelLaunchError(f"kernel {k.name}: arg_casts must be a str or a dict {{index: cast}}")
         ptrs = (ctypes.c_void_p * max(1, len(args)))()
         keep: list[Any] = []
+        regions: list[tuple[int, int, int, bool, int, int]] = []  # base, size, index, writable, granule, element bytes
         first_numel = None
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
@@ -236,13 +302,15 @@ class EmuKernel:
                     want = " or ".join(str(d) for d in _ELEMS[el[0]][0])
                     raise KernelLaunchError(f"{self._where(i)}: expected a tensor of dtype {want}, got {a.dtype}")
                 ptrs[i] = a.data_ptr()  # the storage from the tensor's storage offset, as compile_shader binds it
+                regions.append((a.data_ptr(), _extent(a), i, self._writable(i), min(4, a.element_size()), a.element_size()))
                 if first_numel is None:
                     first_numel = a.numel()
                 continue
             cast = arg_casts if isinstance(arg_casts, str) else (arg_casts or {}).get(i)
-            buf = self._scalar(i, a, cast)
+            buf, nbytes, gran = self._scalar(i, a, cast)
             keep.append(buf)
             ptrs[i] = ctypes.addressof(buf)
+            regions.append((ptrs[i], nbytes, i, self._writable(i), gran, gran))
         if threads is None and first_numel is None:
             raise KernelLaunchError(f"kernel {k.name}: the number of threads is undefined; pass threads=")
         grid = grid_dims(threads if threads is not None else first_numel, "threads", k.name)
@@ -265,9 +333,11 @@ class EmuKernel:
         grid += [1] * (3 - len(grid))
         group += [1] * (3 - len(group))
         dims = (ctypes.c_uint64 * (6 + len(tg_bytes)))(*grid, *group, *tg_bytes)
-        err = ctypes.create_string_buffer(512)
-        if self._fn(ptrs, dims, err, 512) != 0:
-            raise KernelLaunchError(f"kernel {k.name}: {err.value.decode(errors='replace')}")
+        err = ctypes.create_string_buffer(1024)
+        cfg, keep_regions = self._config(regions)
+        if self._fn(ptrs, dims, err, 1024, ctypes.byref(cfg)) != 0:
+            raise KernelLaunchError(f"kernel {k.name}: {self._message(err.value.decode(errors='replace'))}")
+        del keep_regions
 
     def __repr__(self) -> str:
         return f"<MSL emulator kernel {self.__doc__}>"
@@ -290,6 +360,15 @@ class EmuLibrary:
             self._load(path, kernels)
 
     def _load(self, path: Path, kernels: list[MslKernel]) -> None:
+        sites_file = path.with_suffix(".sites.json")
+        sites = msl_sites.load(sites_file)
+        if sites is None:
+            sites = msl_sites.build(path)
+            try:
+                msl_sites.save(sites, sites_file)
+            except OSError:
+                pass
+        table = SiteTable(sites)
         try:
             dll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
             fns = {k.name: getattr(dll, f"ma_launch_{k.name}") for k in kernels}
@@ -299,7 +378,7 @@ class EmuLibrary:
         if not self._lazy:
             object.__setattr__(self, "_dll", dll)
         for k in kernels:
-            object.__setattr__(self, k.name, EmuKernel(k, fns[k.name]))
+            object.__setattr__(self, k.name, EmuKernel(k, fns[k.name], table))
 
     def __getattr__(self, name: str) -> Any:
         lazy = self.__dict__.get("_lazy", {})
@@ -324,8 +403,16 @@ class EmuLibrary:
 
 @functools.cache
 def _flags() -> tuple[str, ...]:
+    # every load and store that reaches memory calls an access check (include/msl_emu/shadow.h); line
+    # tables name the sites (msl_sites.py)
+    # (GCC's thread-sanitizer instrumentation, whose entry points the emulator's header defines: its runtime,
+    # libtsan, is not linked, so the default libraries are named one by one in _LIBS)
+    checks = ("-g1", "-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0", "-nodefaultlibs")
     return ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off",
-            "-fno-math-errno", "-w", f"-I{config.include_dir()}", *openmp_flags())
+            "-fno-math-errno", "-w", f"-I{config.include_dir()}", *checks, *openmp_flags())
+
+
+_LIBS = ("-lstdc++", "-lm", "-lgomp", "-lgcc_s", "-lc", "-lgcc")
 
 
 @functools.cache
@@ -335,7 +422,7 @@ def _tool_digest() -> str:
     front_end = sorted(Path(__file__).parent.glob("msl_*.py"))  # msl_translate.py and the modules it uses
     for f in sorted((config.include_dir() / "msl_emu").glob("*.h")) + front_end:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
-    h.update(" ".join(_flags()).encode() + str(METAL_VERSION).encode())
+    h.update(" ".join(_flags() + _LIBS).encode() + str(METAL_VERSION).encode())
     return h.hexdigest()
 
 
@@ -383,11 +470,12 @@ def _compile_unit(cxx: str, cpp_text: str, kernels: list[MslKernel], out: Path) 
         cpp.write_text(cpp_text, encoding="utf-8")
         compile_count += 1
         built = compile_shared(cxx, _flags(), work, cpp.name, COMPILE_TIMEOUT_S, config.include_dir(), EMULATOR_HEADERS,
-                               "compiling the translated kernel")
+                               "compiling the translated kernel", _LIBS)
         meta = out.with_suffix(".json")
         (work / "kernels.json").write_text(json.dumps([k.to_dict() for k in kernels]))
         os.replace(work / "kernels.json", meta)
         check_and_place(built, out, MPS_EMU_POLICY, _baseline(cxx))
+        msl_sites.save(msl_sites.build(out), out.with_suffix(".sites.json"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

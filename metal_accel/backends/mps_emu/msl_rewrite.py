@@ -68,34 +68,44 @@ def _literal(t: str) -> str:
 
 
 def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
-    """`threadgroup T x[N];` in a function body -> shared static storage; elsewhere drop the qualifier."""
+    """`threadgroup T x[N];` in a function body -> shared static storage; elsewhere drop the qualifier.
+
+    The storage is raw bytes (`static thread_local unsigned char`), with `x` a reference of the declared type
+    to it: Metal constructs nothing in threadgroup memory, and a thread-local object of class type would get a
+    compiler guard, memory outside every region the race detector knows (shadow.h)."""
     q, names, expect_name = p + 1, [], False
     pointer = tk.parent[p] != "{"
-    last_id = None
+    last: tuple[str, int] | None = None
+    where: dict[str, int] = {}
+
+    def add(name: str, pos: int) -> None:
+        names.append(name)
+        where.setdefault(name, pos)
     while not pointer and q < len(tk.sig):
         t = tk.t(q)
         if t in ("*", "&", "&&"):
             pointer = True
         elif t in ("(", "[", "{"):
-            if t == "[" and last_id is not None and not names:
-                names.append(last_id)
+            if t == "[" and last is not None and not names:
+                add(*last)
             q = tk.match[q]
         elif t in (";", "="):
             break
         elif t == ",":
             expect_name = True
-            if last_id is not None and not names:
-                names.append(last_id)
+            if last is not None and not names:
+                add(*last)
         elif tk.kind[tk.sig[q]] == "id":
             if expect_name:
-                names.append(t); expect_name = False
-            last_id = t
+                add(t, q)
+                expect_name = False
+            last = (t, q)
         q += 1
     if pointer:
         tk.set(p, "")
         return
-    if not names and last_id is not None:
-        names.append(last_id)
+    if not names and last is not None:
+        add(*last)
     note = "tg_note"
     if tk.t(q) == "=":
         r = q + 1
@@ -109,8 +119,14 @@ def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
                                "threadgroup_barrier")
         tk.blank(q, r - 1)
         q, note = r, "tg_note_zero"
-    tk.set(p, "static thread_local")
-    tk.set(q, ";" + "".join(f" ma_rt::{note}(&{nm}, sizeof({nm}));" for nm in dict.fromkeys(names)))
+    tk.set(p, "typedef")
+    for nm, pos in where.items():
+        tk.set(pos, f"ma_tgt_{nm}")
+    tk.set(q, ";" + "".join(
+        f" alignas(ma_tgt_{nm}) static thread_local unsigned char ma_tgr_{nm}[sizeof(ma_tgt_{nm})];"
+        f" ma_tgt_{nm}& {nm} = *reinterpret_cast<ma_tgt_{nm}*>(ma_tgr_{nm});"
+        f' ma_rt::{note}(&{nm}, sizeof({nm}), "{nm}", sizeof(std::remove_all_extents_t<ma_tgt_{nm}>));'
+        for nm in where))
 
 
 def _all_zero(init: list[str]) -> bool:

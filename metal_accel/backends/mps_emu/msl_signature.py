@@ -191,10 +191,10 @@ def launcher(k: MslKernel) -> str:
         # a kernel instantiated from a template names its parameter types through the function's own type
         ptype = f"ma_rt::param_t<{i}, decltype(&{k.function})>" if "<" in k.function else prm.cpp_type
         if prm.attribute is None:
-            args.append(f"ma_rt::bindp<{ptype}>(ma_b[{prm.index}])")
+            args.append(f"ma_rt::bindp<{ptype}>(ma_rt::arg(ma_b, {prm.index}))")
             continue
         if prm.attribute == "threadgroup":
-            args.append(f"ma_rt::tg_param<{ptype}>({prm.index}, ma_dims[{6 + (prm.index or 0)}])")
+            args.append(f"ma_rt::tg_param<{ptype}>({prm.index}, ma_rt::dim(ma_dims, {6 + (prm.index or 0)}))")
             continue
         field, is3 = POSITION_ATTRS[prm.attribute]
         if field == "simd_width":
@@ -207,7 +207,7 @@ def launcher(k: MslKernel) -> str:
             args.append(f"ma_rt::attr1<{ptype}>(ma_t.{field})")
     joined = ",\n        ".join(args)
     return (f'extern "C" __attribute__((visibility("default"))) int ma_launch_{k.name}('
-            f"void** ma_b, const uint64_t* ma_dims, char* ma_err, int ma_errlen) {{\n"
+            f"void** ma_b, const uint64_t* ma_dims, char* ma_err, int ma_errlen, const ma_rt::Config* ma_cfg) {{\n"
             f"  (void)ma_b; static const uint32_t ma_zero[3] = {{0, 0, 0}}; (void)ma_zero;\n"
             f"  auto ma_body = [&](const ma_rt::Ids& ma_t) {{\n    (void)ma_t;\n    {k.function}(\n        {joined});\n  }};\n"
-            f"  return ma_rt::launch(ma_dims, {int(k.uses_fibers)}, ma_body, ma_err, ma_errlen);\n}}\n")
+            f"  return ma_rt::launch(ma_dims, {int(k.uses_fibers)}, ma_body, ma_err, ma_errlen, ma_cfg);\n}}\n")

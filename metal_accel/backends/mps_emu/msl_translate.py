@@ -22,6 +22,7 @@ from .msl_lang import (
     fix_member_qualifiers,
     move_specializations,
 )
+from . import msl_instrument
 from .msl_lexer import Tokens
 from .msl_rewrite import rewrite
 from .msl_signature import (
@@ -184,10 +185,12 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
             todo += [i for i in ids if i in bodies]
         return False
 
+    # threadgroup memory: its threads run as fibers, in lockstep within each SIMD-group (shadow.h)
+    uses_tg = any(tk.t(q) == "threadgroup" and tk.kind[tk.sig[q]] == "id" and tk.parent[q] != "[" for q in range(n))
     kernels: list[MslKernel] = []
     for k in found:
         fname = tk.t(k.name_p)
-        fibers = outside_sync or reaches_sync(fname)
+        fibers = outside_sync or uses_tg or reaches_sync(fname)
         if not k.template_params:
             host = host_name(k.fattrs.get("host_name", "")) or fname
             params = kernel_params(tk, host, k.lp)
@@ -210,7 +213,9 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
     if len(set(names)) != len(names):
         raise CompileError(f"duplicate kernel names: {sorted(x for x in set(names) if names.count(x) > 1)}")
     kernel_functions = {tk.t(k.name_p) for k in found}
+    checks = msl_instrument.plan(tk)
     rewrite(tk, {f for f in bodies if f not in kernel_functions and f and reaches_sync(f)})
+    msl_instrument.apply(tk, checks)
     move_specializations(tk, moves)
-    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", ""]
+    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", '# 1 "ma_launchers"', ""]
     return "\n".join(out), kernels

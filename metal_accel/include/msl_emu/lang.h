@@ -248,20 +248,28 @@ template <class T> struct UndefinedConstant {
   }
 };
 // `threadgroup T x[N] = {0};`: zeroed by the first thread of each threadgroup to reach it
-inline void tg_note_zero(void* p, size_t bytes) {
+// (not instrumented: the zeros are the declaration's, not a store of one thread that others would race with)
+MA_NOSAN inline void tg_note_zero(void* p, size_t bytes, const char* name = "", size_t esize = 1) {
   for (int i = 0; i < tl_tg.n; ++i) if (tl_tg.p[i] == p) return;
-  tg_note(p, bytes);
+  tg_note(p, bytes, name, esize);
   std::memset(p, 0, bytes);
 }
 // a [[threadgroup(n)]] kernel parameter: BYTES of threadgroup memory (sized at launch), one block per OS
 // thread (a threadgroup runs on one), poisoned and counted like threadgroup variables
-struct alignas(16) TgChunk { unsigned char b[16]; };
-template <class P> inline P tg_param(int slot, uint64_t bytes) {
-  static thread_local std::vector<TgChunk> bufs[32];
-  std::vector<TgChunk>& v = bufs[slot & 31];
-  size_t need = size_t((bytes + 15) / 16);
-  if (v.size() < need || v.empty()) v.resize(need ? need : 1);
-  if (bytes) tg_note(v.data(), size_t(bytes));
-  return reinterpret_cast<P>(static_cast<void*>(v.data()));
+// (plain thread-local pointers, no thread_local object: its constructor would run instrumented, shadow.h)
+template <class P> MA_NOSAN inline P tg_param(int slot, uint64_t bytes) {
+  static thread_local void* bufs[32];
+  static thread_local size_t caps[32];
+  int i = slot & 31;
+  size_t need = size_t((bytes + 15) / 16 * 16);
+  if (need == 0) need = 16;
+  if (caps[i] < need) {
+    std::free(bufs[i]);
+    bufs[i] = std::aligned_alloc(16, need);
+    caps[i] = bufs[i] ? need : 0;
+    if (!bufs[i]) fail("cannot allocate %zu bytes of threadgroup memory", need);
+  }
+  if (bytes) tg_note(bufs[i], size_t(bytes));
+  return reinterpret_cast<P>(bufs[i]);
 }
 }  // namespace ma_rt

@@ -13,6 +13,7 @@
 #include "atomics.h"
 #include "runtime.h"
 #include "sync.h"
+#include "shadow.h"
 #include "simdgroup_matrix.h"
 #include "lang.h"
 

@@ -77,12 +77,19 @@ constexpr size_t kSlotBytes = 64;
 constexpr int kMaxDepth = 8;
 
 // ---------------------------------------------------------------- one launch: error state
+struct Config;
+struct Shadow;
 struct Launch {
   std::atomic<int> failed{0};
-  char msg[512] = {0};
+  char msg[1024] = {0};
+  const Config* cfg = nullptr;  // the bound buffers and the access sites (shadow.h)
+  Shadow* shadow = nullptr;      // race-detection state of the launch (shadow.h)
+  uintptr_t host_lo = 0, host_hi = 0;  // the launcher's frame, which the kernel's closure lives in
 };
 inline thread_local Launch* tl_launch = nullptr;
-inline void fail(const char* fmt, ...) {
+#define MA_NOSAN __attribute__((no_sanitize_thread, noinline))
+#define MA_NOSAN_INLINE __attribute__((no_sanitize_thread))
+MA_NOSAN inline void fail(const char* fmt, ...) {
   Launch* L = tl_launch;
   if (!L) return;
   int expected = 0;
@@ -109,7 +116,7 @@ template <class P> inline P attr1(uint32_t v) {
   return D(v);
 }
 // a buffer argument declared as P, bound to the bytes at p
-template <class P> inline P bindp(void* p) {
+template <class P> MA_NOSAN_INLINE inline P bindp(void* p) {
   if constexpr (std::is_pointer<P>::value) return reinterpret_cast<P>(p);
   else if constexpr (std::is_reference<P>::value) return *reinterpret_cast<std::remove_reference_t<P>*>(p);
   else return *reinterpret_cast<const std::remove_cv_t<P>*>(p);
@@ -119,13 +126,23 @@ template <class P> inline P bindp(void* p) {
 // Each `threadgroup` variable is static thread_local storage (one threadgroup per OS thread at a
 // time); the first thread of a group to reach its declaration fills it with 0xFF bytes (NaN for
 // floating types), so that reading memory no thread wrote is visible.
-struct TgNotes { const void* p[64]; size_t total; int n; };
-inline thread_local TgNotes tl_tg = {{nullptr}, 0, 0};
-inline void tg_reset() { tl_tg.n = 0; tl_tg.total = 0; }
-inline void tg_note(void* p, size_t bytes) {
+// The variables are also the regions the race detector watches (shadow.h): their names, sizes, and the
+// offset of each in the group's shadow.
+struct TgNotes {
+  const void* p[64]; size_t bytes[64], off[64], esize[64]; const char* name[64];
+  uintptr_t lo, hi;  // the smallest range holding every variable
+  size_t total; int n;
+};
+inline thread_local TgNotes tl_tg = {};
+MA_NOSAN inline void tg_reset() { tl_tg.n = 0; tl_tg.total = 0; tl_tg.lo = ~uintptr_t(0); tl_tg.hi = 0; }
+MA_NOSAN inline void tg_note(void* p, size_t bytes, const char* name = "", size_t esize = 1) {
   for (int i = 0; i < tl_tg.n; ++i) if (tl_tg.p[i] == p) return;
   if (tl_tg.n == 64) { fail("more than 64 threadgroup variables"); return; }
-  tl_tg.p[tl_tg.n++] = p;
+  int k = tl_tg.n++;
+  tl_tg.p[k] = p; tl_tg.bytes[k] = bytes; tl_tg.off[k] = tl_tg.total; tl_tg.name[k] = name; tl_tg.esize[k] = esize;
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a < tl_tg.lo) tl_tg.lo = a;
+  if (a + bytes > tl_tg.hi) tl_tg.hi = a + bytes;
   tl_tg.total += bytes;
   std::memset(p, 0xFF, bytes);
   if (tl_tg.total > kMaxThreadgroupMemory)
@@ -133,7 +150,9 @@ inline void tg_note(void* p, size_t bytes) {
 }
 
 // ---------------------------------------------------------------- fibers
-enum State { RUNNABLE = 0, WAIT_BARRIER = 1, WAIT_SIMD = 2, DONE = 3 };
+enum State { RUNNABLE = 0, WAIT_BARRIER = 1, WAIT_SIMD = 2, DONE = 3, WAIT_STEP = 4, ABORTED = 5 };
+// a store whose effect is checked when its thread next stops (shadow.h): the bytes it overwrote
+struct Pending { uintptr_t addr; uint32_t size; int region; alignas(16) unsigned char old[16]; };
 struct Group;
 typedef void (*SimdOp)(Group* g, int base, uint32_t mask);
 struct Fiber {
@@ -142,7 +161,9 @@ struct Fiber {
   // where the thread waits: the source lines of the calls to helper functions that lead to the
   // SIMD-group function (outermost first), then the line of the SIMD-group function's call
   int path[kMaxDepth], depth, site[kMaxDepth + 1], nsite;
+  uint64_t pc;  // WAIT_STEP: the access site (an offset in the library), to order sites of one line
   SimdOp op;
+  Pending pend;
 #ifndef MA_ASM_SWITCH
   ucontext_t uc;
 #endif
@@ -159,12 +180,21 @@ struct Group {
 #endif
   const void* body_ctx = nullptr;
   void (*body)(const void*, const Ids&) = nullptr;
+  // race detection (shadow.h): barrier epochs, lockstep steps of each SIMD-group, the thread that runs
+  // (plain mode: one fiber runs every thread in turn), the group's number in the launch
+  bool plain = false;
+  bool running = false;  // a fiber runs (not the scheduler): accesses are the kernel's
+  int tid = 0;
+  uint32_t epoch = 0, serial = 0;
+  uint64_t group = 0;
+  uint32_t step[kMaxThreads / kSimdWidth];
+  uintptr_t stack_lo = 0, stack_hi = 0;
   Ids base;  // the group-wide values; per-thread ones are filled in when a fiber starts
   char* stacks = nullptr;
   size_t nstacks = 0;
-  ~Group() { if (stacks) munmap(stacks, nstacks * (kStackBytes + 4096)); }
-  char* stack_top(int i) { return stacks + size_t(i) * (kStackBytes + 4096) + 4096 + kStackBytes; }
-  void ensure_stacks(int count) {
+  MA_NOSAN_INLINE ~Group() { if (stacks) munmap(stacks, nstacks * (kStackBytes + 4096)); }
+  MA_NOSAN_INLINE char* stack_top(int i) { return stacks + size_t(i) * (kStackBytes + 4096) + 4096 + kStackBytes; }
+  MA_NOSAN_INLINE void ensure_stacks(int count) {
     if (nstacks >= size_t(count)) return;
     if (stacks) munmap(stacks, nstacks * (kStackBytes + 4096));
     size_t total = size_t(kMaxThreads) * (kStackBytes + 4096);
@@ -172,10 +202,17 @@ struct Group {
     if (m == MAP_FAILED) { stacks = nullptr; nstacks = 0; return; }
     stacks = static_cast<char*>(m);
     nstacks = kMaxThreads;
+    stack_lo = reinterpret_cast<uintptr_t>(m); stack_hi = stack_lo + total;
     for (int i = 0; i < kMaxThreads; ++i) mprotect(stacks + size_t(i) * (kStackBytes + 4096), 4096, PROT_NONE);  // guard
   }
   // suspend the running fiber `me` in STATE and return to the scheduler
-  void block(int me, int state) {
+  MA_NOSAN_INLINE void block(int me, int state);
+  MA_NOSAN_INLINE int thread() const { return plain ? tid : cur; }
+};
+inline void commit_pending(Group* g, int me);  // shadow.h
+MA_NOSAN_INLINE inline void Group::block(int me, int state) {
+  {
+    commit_pending(this, me);
     fib[me].state = state;
 #ifdef MA_ASM_SWITCH
     ma_fiber_switch_(&fib[me].sp, sched_sp);
@@ -183,19 +220,22 @@ struct Group {
     swapcontext(&fib[me].uc, &sched_uc);
 #endif
   }
-};
+}
 inline thread_local Group* tl_group = nullptr;
 inline thread_local std::unique_ptr<Group> tl_group_storage;  // one per OS thread, reused
 
-inline void fill_thread_ids(Ids& t, uint32_t x, uint32_t y, uint32_t z) {
+MA_NOSAN_INLINE inline void fill_thread_ids(Ids& t, uint32_t x, uint32_t y, uint32_t z) {
   t.tpitg[0] = x; t.tpitg[1] = y; t.tpitg[2] = z;
   for (int d = 0; d < 3; ++d) t.tpig[d] = t.tgpig[d] * t.dtptg[d] + t.tpitg[d];
   t.tiitg = x + t.tptg[0] * (y + t.tptg[1] * z);
   t.lane = t.tiitg % kSimdWidth; t.sgid = t.tiitg / kSimdWidth;
   t.qlane = t.tiitg % 4; t.qid = t.tiitg / 4;
 }
+// the n-th kernel argument's address, as the host passed it
+MA_NOSAN inline void* arg(void** b, int i) { return b[i]; }
+MA_NOSAN inline uint64_t dim(const uint64_t* d, int i) { return d[i]; }  // the launch's sizes: not kernel memory
 
-inline void fiber_main(void*) {
+MA_NOSAN inline void fiber_main(void*) {
   Group* g = tl_group;
   int me = g->cur;
   Ids t = g->base;
@@ -209,60 +249,68 @@ inline void fiber_main(void*) {
 inline void fiber_main_uc() { fiber_main(nullptr); }
 #endif
 
-inline int site_cmp(const Fiber& a, const Fiber& b) {
+// Position of a waiting thread in program order: the call path (lines), then the access site.
+MA_NOSAN_INLINE inline int site_cmp(const Fiber& a, const Fiber& b) {
   for (int k = 0; k < a.nsite && k < b.nsite; ++k)
     if (a.site[k] != b.site[k]) return a.site[k] < b.site[k] ? -1 : 1;
-  return a.nsite - b.nsite;
+  if (a.nsite != b.nsite) return a.nsite - b.nsite;
+  return a.pc == b.pc ? 0 : (a.pc < b.pc ? -1 : 1);
 }
 // Calls to helper functions that reach SIMD-group functions are wrapped by the translator in
 // (SiteGuard(__LINE__), helper(...)): the line is on the thread's call path while the helper runs.
 struct SiteGuard {
   Fiber* f;
-  explicit SiteGuard(int line) : f(nullptr) {
+  MA_NOSAN explicit SiteGuard(int line) : f(nullptr) {
     Group* g = tl_group;
-    if (!g) return;
+    if (!g || g->plain) return;
     f = &g->fib[g->cur];
     if (f->depth < kMaxDepth) f->path[f->depth] = line;
     ++f->depth;
   }
-  ~SiteGuard() { if (f) --f->depth; }
+  MA_NOSAN ~SiteGuard() { if (f) --f->depth; }
   SiteGuard(const SiteGuard&) = delete;
   SiteGuard& operator=(const SiteGuard&) = delete;
 };
 
-// run every fiber until it finishes or waits; then release one wait; repeat until all are done
-inline bool release_waits(Group* g) {
+// After every thread has run until it finishes or waits, release one set of waiting threads per
+// SIMD-group: those waiting at the position first in program order (a SIMD-group function's call, or
+// a memory access, see shadow.h), as a GPU runs a divergent branch before the code after it, a loop
+// body before the code after the loop. Each release is one lockstep step of that SIMD-group.
+// When no thread waits for its SIMD-group, a threadgroup barrier releases everyone.
+MA_NOSAN inline bool release_waits(Group* g) {
   bool released = false;
   for (int base = 0; base < g->n; base += kSimdWidth) {
     int end = base + kSimdWidth < g->n ? base + kSimdWidth : g->n;
-    // Which waiting call goes first, as a GPU runs divergent lanes before they reconverge: the
-    // call site first in program order (a branch before the code after it, a loop body before
-    // the code after the loop), comparing call paths through helper functions. All lanes waiting
-    // at that call site are its active set.
     int best = -1;
-    for (int i = base; i < end; ++i)
-      if (g->fib[i].state == WAIT_SIMD && (best < 0 || site_cmp(g->fib[i], g->fib[best]) < 0)) best = i;
+    for (int i = base; i < end; ++i) {
+      int st = g->fib[i].state;
+      if ((st == WAIT_SIMD || st == WAIT_STEP) && (best < 0 || site_cmp(g->fib[i], g->fib[best]) < 0)) best = i;
+    }
     if (best < 0) continue;
+    const Fiber& b = g->fib[best];
     uint32_t mask = 0;
-    for (int i = base; i < end; ++i)
-      if (g->fib[i].state == WAIT_SIMD && site_cmp(g->fib[i], g->fib[best]) == 0 && g->fib[i].op == g->fib[best].op)
-        mask |= 1u << (i - base);
-    g->fib[best].op(g, base, mask);
+    for (int i = base; i < end; ++i) {
+      const Fiber& f = g->fib[i];
+      if (f.state == b.state && site_cmp(f, b) == 0 && (f.state == WAIT_STEP || f.op == b.op)) mask |= 1u << (i - base);
+    }
+    ++g->step[base / kSimdWidth];
+    if (b.state == WAIT_SIMD) b.op(g, base, mask);
     for (int i = base; i < end; ++i) if (mask >> (i - base) & 1u) g->fib[i].state = RUNNABLE;
     released = true;
   }
   if (released) return true;
   for (int i = 0; i < g->n; ++i)  // threadgroup barrier: threads that have returned count as arrived
     if (g->fib[i].state == WAIT_BARRIER) { g->fib[i].state = RUNNABLE; released = true; }
+  if (released) ++g->epoch;
   return released;
 }
 
-inline void run_fibers(Group* g) {
+MA_NOSAN inline void run_fibers(Group* g) {
   g->ensure_stacks(g->n);
   if (!g->stacks) { fail("cannot allocate fiber stacks"); return; }
   for (int i = 0; i < g->n; ++i) {
     Fiber& f = g->fib[i];
-    f.state = RUNNABLE; f.depth = 0; f.nsite = 0; f.op = nullptr;
+    f.state = RUNNABLE; f.depth = 0; f.nsite = 0; f.op = nullptr; f.pc = 0; f.pend.size = 0;
 #ifdef MA_ASM_SWITCH
     void** sp = reinterpret_cast<void**>(g->stack_top(i) - 80);  // frame popped by ma_fiber_switch_
     reinterpret_cast<uint32_t*>(sp)[0] = 0x1F80;                 // MXCSR default
@@ -281,26 +329,52 @@ inline void run_fibers(Group* g) {
     makecontext(&f.uc, fiber_main_uc, 0);
 #endif
   }
+  Launch* L = tl_launch;
   do {
     for (int i = 0; i < g->n; ++i) {
       if (g->fib[i].state != RUNNABLE) continue;
       g->cur = i;
+      g->running = true;
 #ifdef MA_ASM_SWITCH
       ma_fiber_switch_(&g->sched_sp, g->fib[i].sp);
 #else
       swapcontext(&g->sched_uc, &g->fib[i].uc);
 #endif
+      g->running = false;
+      if (L->failed.load(std::memory_order_relaxed)) return;  // a thread failed: the group stops
     }
   } while (release_waits(g));
 }
 
 template <class F> inline void call_body(const void* ctx, const Ids& t) { (*static_cast<const F*>(ctx))(t); }
+// plain mode: one fiber runs every thread of the group in turn
+template <class F> MA_NOSAN void call_plain(const void* ctx, const Ids& base) {
+  Group* g = tl_group;
+  Ids t = base;
+  for (uint32_t z = 0; z < t.tptg[2]; ++z)
+    for (uint32_t y = 0; y < t.tptg[1]; ++y)
+      for (uint32_t x = 0; x < t.tptg[0]; ++x) {
+        fill_thread_ids(t, x, y, z);
+        g->tid = int(t.tiitg);
+        (*static_cast<const F*>(ctx))(t);
+        commit_pending(g, 0);
+      }
+}
+
+inline void shadow_begin(Launch& L, const Config* cfg);  // shadow.h
+inline void shadow_end(Launch& L);
+inline void tg_shadow_ensure();
+MA_NOSAN inline uint32_t next_serial() { static thread_local uint32_t s = 0; return ++s; }
 
 // ---------------------------------------------------------------- launch
-// dims: grid (x,y,z) then threadgroup size (x,y,z). Returns 0, or 1 with a message in err.
+// dims: grid (x,y,z) then threadgroup size (x,y,z); cfg: the bound buffers and access sites.
+// Returns 0, or 1 with a message in err.
 template <class F>
-inline int launch(const uint64_t* dims, int use_fibers, const F& body, char* err, int errlen) {
+MA_NOSAN int launch(const uint64_t* dims, int use_fibers, const F& body, char* err, int errlen, const Config* cfg) {
   Launch L;
+  shadow_begin(L, cfg);
+  L.host_lo = reinterpret_cast<uintptr_t>(__builtin_frame_address(0)) - 4096;
+  L.host_hi = L.host_lo + 4096 + 65536;
   uint64_t grid[3] = {dims[0], dims[1], dims[2]}, tg[3] = {dims[3], dims[4], dims[5]}, ng[3];
   for (int d = 0; d < 3; ++d) ng[d] = (grid[d] + tg[d] - 1) / tg[d];
   const int64_t total = int64_t(ng[0] * ng[1] * ng[2]);
@@ -310,6 +384,7 @@ inline int launch(const uint64_t* dims, int use_fibers, const F& body, char* err
     if (L.failed.load(std::memory_order_relaxed)) continue;
     tl_launch = &L;
     tg_reset();
+    tg_shadow_ensure();
     Ids t;
     uint64_t gp[3] = {uint64_t(gi) % ng[0], (uint64_t(gi) / ng[0]) % ng[1], uint64_t(gi) / (ng[0] * ng[1])};
     for (int d = 0; d < 3; ++d) {
@@ -321,24 +396,24 @@ inline int launch(const uint64_t* dims, int use_fibers, const F& body, char* err
     const uint32_t count = t.tptg[0] * t.tptg[1] * t.tptg[2];
     t.nsg = (count + kSimdWidth - 1) / kSimdWidth; t.dnsg = (nominal + kSimdWidth - 1) / kSimdWidth;
     t.nq = (count + 3) / 4; t.dnq = (nominal + 3) / 4;
-    if (!use_fibers) {
-      tl_group = nullptr;
-      for (uint32_t z = 0; z < t.tptg[2]; ++z)
-        for (uint32_t y = 0; y < t.tptg[1]; ++y)
-          for (uint32_t x = 0; x < t.tptg[0]; ++x) { fill_thread_ids(t, x, y, z); body(t); }
-    } else {
-      Group* group = tl_group_storage.get();
-      if (!group) { tl_group_storage.reset(new Group()); group = tl_group_storage.get(); }
-      group->n = int(count);
-      group->base = t;
-      group->body_ctx = &body;
-      group->body = &call_body<F>;
-      tl_group = group;
-      run_fibers(group);
-      tl_group = nullptr;
-    }
+    Group* group = tl_group_storage.get();
+    if (!group) { tl_group_storage.reset(new Group()); group = tl_group_storage.get(); }
+    group->plain = !use_fibers;
+    group->n = use_fibers ? int(count) : 1;
+    group->tid = 0;
+    group->base = t;
+    group->body_ctx = &body;
+    group->body = use_fibers ? &call_body<F> : &call_plain<F>;
+    group->group = uint64_t(gi);
+    group->epoch = 0;
+    group->serial = next_serial();
+    std::memset(group->step, 0, sizeof group->step);
+    tl_group = group;
+    run_fibers(group);
+    tl_group = nullptr;
     tl_launch = nullptr;
   }
+  shadow_end(L);
   if (L.failed.load()) {
     std::snprintf(err, size_t(errlen), "%s", L.msg);
     return 1;

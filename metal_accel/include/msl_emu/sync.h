@@ -17,7 +17,7 @@ enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2,
 constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 constexpr mem_flags operator&(mem_flags a, mem_flags b) { return mem_flags(uint(a) & uint(b)); }
 
-inline void threadgroup_barrier(mem_flags = mem_flags::mem_none) {
+MA_NOSAN_INLINE inline void threadgroup_barrier(mem_flags = mem_flags::mem_none) {
   ma_rt::Group* g = ma_rt::tl_group;
   if (!g) { ma_rt::fail("internal error: threadgroup_barrier reached in a kernel run without fibers"); return; }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -37,9 +37,9 @@ typedef simd_vote quad_vote;
 
 namespace ma_simd {
 using ma_rt::Group;
-template <class T> inline T in(Group* g, int i) { T v; std::memcpy((void*)&v, g->slot[i].in, sizeof(T)); return v; }
-template <class T> inline void out(Group* g, int i, const T& v) { std::memcpy(g->slot[i].out, (const void*)&v, sizeof(T)); }
-inline void poison(Group* g, int i) { std::memset(g->slot[i].out, 0xFF, ma_rt::kSlotBytes); }
+template <class T> MA_NOSAN_INLINE inline T in(Group* g, int i) { T v; std::memcpy((void*)&v, g->slot[i].in, sizeof(T)); return v; }
+template <class T> MA_NOSAN_INLINE inline void out(Group* g, int i, const T& v) { std::memcpy(g->slot[i].out, (const void*)&v, sizeof(T)); }
+MA_NOSAN_INLINE inline void poison(Group* g, int i) { std::memset(g->slot[i].out, 0xFF, ma_rt::kSlotBytes); }
 // lanes of the W-wide group (SIMD-group or quad) that lane l belongs to, within the active mask
 template <int W> inline uint32_t peers(int l, uint32_t mask) {
   int q0 = l & ~(W - 1);
@@ -47,7 +47,7 @@ template <int W> inline uint32_t peers(int l, uint32_t mask) {
   return mask & m;
 }
 
-template <class T, class Op> inline T collective(const T& x, int64_t arg, int site) {
+template <class T, class Op> MA_NOSAN_INLINE inline T collective(const T& x, int64_t arg, int site) {
   static_assert(sizeof(T) <= ma_rt::kSlotBytes, "SIMD-group function on a value larger than 64 bytes");
   Group* g = ma_rt::tl_group;
   if (!g) { ma_rt::fail("internal error: SIMD-group function reached in a kernel run without fibers"); return x; }
@@ -72,7 +72,7 @@ struct Or { template <class T> static T f(const T& a, const T& b) { return T(a |
 struct Xor { template <class T> static T f(const T& a, const T& b) { return T(a ^ b); } };
 
 template <int W, class K> struct Reduce {
-  template <class T> static void run(Group* g, int base, uint32_t mask) {
+  template <class T> MA_NOSAN_INLINE static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       uint32_t p = peers<W>(l, mask);
@@ -84,7 +84,7 @@ template <int W, class K> struct Reduce {
   }
 };
 template <int W, class K, bool Inclusive> struct Prefix {
-  template <class T> static void run(Group* g, int base, uint32_t mask) {
+  template <class T> MA_NOSAN_INLINE static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       uint32_t p = peers<W>(l, mask);
@@ -103,7 +103,7 @@ struct SrcXor { static int src(int q, int64_t a, int) { return int(q ^ a); } };
 struct SrcRotDown { static int src(int q, int64_t a, int W) { return int(((q + a) % W + W) % W); } };
 struct SrcRotUp { static int src(int q, int64_t a, int W) { return int(((q - a) % W + W) % W); } };
 template <int W, class S> struct Shuffle {
-  template <class T> static void run(Group* g, int base, uint32_t mask) {
+  template <class T> MA_NOSAN_INLINE static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       int q0 = l & ~(W - 1);
@@ -115,14 +115,14 @@ template <int W, class S> struct Shuffle {
   }
 };
 template <int W> struct BroadcastFirst {
-  template <class T> static void run(Group* g, int base, uint32_t mask) {
+  template <class T> MA_NOSAN_INLINE static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l)
       if (mask >> l & 1u) out(g, base + l, in<T>(g, base + __builtin_ctz(peers<W>(l, mask))));
   }
 };
 enum VoteKind { kAll, kAny, kBallot, kIsFirst, kActive };
 template <int W, int V> struct Vote {
-  template <class T> static void run(Group* g, int base, uint32_t mask) {
+  template <class T> MA_NOSAN_INLINE static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       uint32_t p = peers<W>(l, mask), yes = 0;
