@@ -285,3 +285,53 @@ def test_integer_division_by_zero_is_an_error_not_a_crash(lib):
     out = torch.zeros(8, dtype=torch.int32)
     lib.divide(out, 3, arg_casts={1: "int32"})
     assert out.tolist() == [i // 3 + i % 3 for i in range(8)]
+
+
+TWO_LEVEL = r"""#include <metal_stdlib>
+using namespace metal;
+// the two-level sum of the major code bases' norms: simd_sum, partials per SIMD-group, simd_sum again,
+// one lane writing; the compiler duplicates the last block per side of that lane's branch
+kernel void row_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint gid [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float partial[32];
+  float acc = x[gid * 128 + lid];
+  acc = simd_sum(acc);
+  if (sg == 0) {
+    partial[lane] = 0;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lane == 0) {
+    partial[sg] = acc;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0) {
+    acc = simd_sum(partial[lane]);
+    if (lane == 0) {
+      out[gid] = acc;
+    }
+  }
+}
+// a SIMD-group function whose argument only some lanes load: every lane still takes part
+kernel void masked_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint lid [[thread_position_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float vals[32];
+  vals[lane] = x[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = simd_sum(lane < 4 ? vals[lane] : 0.0f);
+}
+"""
+
+
+def test_two_level_sum_with_one_writing_lane_is_exact():
+    lib = MpsEmuBackend().compile(TWO_LEVEL)
+    x, out = torch.randn(4, 128), torch.zeros(4)
+    lib.row_sum(x, out, threads=512, group_size=128)
+    torch.testing.assert_close(out, x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_simd_group_function_waits_for_lanes_loading_its_argument():
+    lib = MpsEmuBackend().compile(TWO_LEVEL)
+    x, out = torch.randn(32), torch.zeros(32)
+    lib.masked_sum(x, out, threads=32, group_size=32)
+    torch.testing.assert_close(out, x[:4].sum().expand(32), rtol=1e-5, atol=1e-5)

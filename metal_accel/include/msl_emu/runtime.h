@@ -249,11 +249,19 @@ MA_NOSAN inline void fiber_main(void*) {
 inline void fiber_main_uc() { fiber_main(nullptr); }
 #endif
 
-// Position of a waiting thread in program order: the call path (lines), then the access site.
-MA_NOSAN_INLINE inline int site_cmp(const Fiber& a, const Fiber& b) {
+// Position of a waiting thread in program order: the call path (source lines). Lanes at one position
+// are one step, whatever instruction they wait at: the compiler may duplicate a line's code (a copy per
+// side of a later branch), so lanes at the same access can wait at different instructions.
+MA_NOSAN_INLINE inline int path_cmp(const Fiber& a, const Fiber& b) {
   for (int k = 0; k < a.nsite && k < b.nsite; ++k)
     if (a.site[k] != b.site[k]) return a.site[k] < b.site[k] ? -1 : 1;
-  if (a.nsite != b.nsite) return a.nsite - b.nsite;
+  return a.nsite - b.nsite;
+}
+// Which of two waits goes first: the earlier position; on one line, a memory access before a SIMD-group
+// function (the accesses that compute a call's arguments come before the call), then the lower site.
+MA_NOSAN_INLINE inline int site_cmp(const Fiber& a, const Fiber& b) {
+  if (int c = path_cmp(a, b)) return c;
+  if (a.state != b.state) return a.state == WAIT_STEP ? -1 : (b.state == WAIT_STEP ? 1 : 0);
   return a.pc == b.pc ? 0 : (a.pc < b.pc ? -1 : 1);
 }
 // Calls to helper functions that reach SIMD-group functions are wrapped by the translator in
@@ -291,7 +299,7 @@ MA_NOSAN inline bool release_waits(Group* g) {
     uint32_t mask = 0;
     for (int i = base; i < end; ++i) {
       const Fiber& f = g->fib[i];
-      if (f.state == b.state && site_cmp(f, b) == 0 && (f.state == WAIT_STEP || f.op == b.op)) mask |= 1u << (i - base);
+      if (f.state == b.state && path_cmp(f, b) == 0 && (f.state == WAIT_STEP || f.op == b.op)) mask |= 1u << (i - base);
     }
     ++g->step[base / kSimdWidth];
     if (b.state == WAIT_SIMD) b.op(g, base, mask);
