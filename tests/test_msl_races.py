@@ -335,3 +335,29 @@ def test_a_simd_group_function_waits_for_lanes_loading_its_argument():
     x, out = torch.randn(32), torch.zeros(32)
     lib.masked_sum(x, out, threads=32, group_size=32)
     torch.testing.assert_close(out, x[:4].sum().expand(32), rtol=1e-5, atol=1e-5)
+
+
+REUSE = r"""#include <metal_stdlib>
+using namespace metal;
+// the scratch is overwritten for a second pass before every thread has read the first pass's total
+// (threadgroup 0 waits, so the race is in threadgroup 1)
+kernel void two_pass(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint gid [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float acc[64];
+  acc[lid] = x[gid * 64 + lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 0) { float s = 0; for (int k = 0; k < 64; ++k) s += acc[k]; acc[0] = s; }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float total = acc[0];
+  if (gid == 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+  acc[lid] = total * x[gid * 64 + lid];
+  out[gid * 64 + lid] = acc[lid];
+}
+"""
+
+
+def test_a_threadgroup_memory_race_past_the_first_group_names_a_thread_of_that_group():
+    lib = MpsEmuBackend().compile(REUSE)
+    msg = _error(lib.two_pass, torch.randn(128) + 2, torch.zeros(128), threads=128, group_size=64)
+    assert "data race on acc[0]" in msg and "another threadgroup" not in msg
+    assert re.search(r"thread \d+ \(SIMD-group 1\)", msg)
