@@ -361,3 +361,26 @@ def test_a_threadgroup_memory_race_past_the_first_group_names_a_thread_of_that_g
     msg = _error(lib.two_pass, torch.randn(128) + 2, torch.zeros(128), threads=128, group_size=64)
     assert "data race on acc[0]" in msg and "another threadgroup" not in msg
     assert re.search(r"thread \d+ \(SIMD-group 1\)", msg)
+
+
+LOOPED = r"""#include <metal_stdlib>
+using namespace metal;
+// one simd_sum per row in a loop, lane 0 storing each total: on the GPU all 32 lanes take part in every
+// iteration's simd_sum; ordering waits by source line alone runs iteration r+1's call (an earlier line)
+// before lane 0's store of iteration r, so lane 0 sums alone from the second row on
+kernel void per_row_totals(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  float v[4];
+  for (int r = 0; r < 4; ++r) v[r] = float(lane + 100 * r);
+  for (int r = 0; r < 4; ++r) {
+    float s = simd_sum(v[r]);
+    if (lane == 0) out[r] = s;
+  }
+}
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: lockstep orders waits by source line, not loop iteration")
+def test_a_simd_sum_per_loop_iteration_with_one_storing_lane():
+    out = torch.zeros(4)
+    MpsEmuBackend().compile(LOOPED).per_row_totals(out, threads=32, group_size=32)
+    assert out.tolist() == [496.0 + 3200.0 * r for r in range(4)]
