@@ -366,8 +366,8 @@ def test_a_threadgroup_memory_race_past_the_first_group_names_a_thread_of_that_g
 LOOPED = r"""#include <metal_stdlib>
 using namespace metal;
 // one simd_sum per row in a loop, lane 0 storing each total: on the GPU all 32 lanes take part in every
-// iteration's simd_sum; ordering waits by source line alone runs iteration r+1's call (an earlier line)
-// before lane 0's store of iteration r, so lane 0 sums alone from the second row on
+// iteration's simd_sum; ordering waits by source line alone ran iteration r+1's call (an earlier line)
+// before lane 0's store of iteration r, so lane 0 summed alone from the second row on
 kernel void per_row_totals(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
   float v[4];
   for (int r = 0; r < 4; ++r) v[r] = float(lane + 100 * r);
@@ -376,11 +376,25 @@ kernel void per_row_totals(device float* out [[buffer(0)]], uint lane [[thread_i
     if (lane == 0) out[r] = s;
   }
 }
+// lanes leave the loop after different counts of iterations: each call sums the lanes still in it
+kernel void shrinking(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  for (uint r = 0; r < lane / 8 + 1; ++r) {
+    float s = simd_sum(1.0f);
+    if (lane == 31) out[r] = s;
+  }
+  float all = simd_sum(2.0f);
+  if (lane == 0) out[4] = all;
+}
 """
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: lockstep orders waits by source line, not loop iteration")
 def test_a_simd_sum_per_loop_iteration_with_one_storing_lane():
     out = torch.zeros(4)
     MpsEmuBackend().compile(LOOPED).per_row_totals(out, threads=32, group_size=32)
     assert out.tolist() == [496.0 + 3200.0 * r for r in range(4)]
+
+
+def test_lanes_leaving_a_loop_early_wait_for_the_others_after_it():
+    out = torch.zeros(5)
+    MpsEmuBackend().compile(LOOPED).shrinking(out, threads=32, group_size=32)
+    assert out.tolist() == [32.0, 24.0, 16.0, 8.0, 64.0]

@@ -342,6 +342,7 @@ __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t 
   }
   if (!g->plain) {  // lockstep: wait for the SIMD-group's step
     set_position(g, pc);
+    note_wait(g->fib[g->cur], WAIT_STEP);
     g->block(g->cur, WAIT_STEP);
   }
   if (store) {
