@@ -200,3 +200,19 @@ kernel void k(device float* o [[buffer(0)]], uint i [[thread_position_in_grid]])
     out = torch.empty(32)
     MpsEmuBackend().compile(src).k(out)
     assert torch.all(out == 64)
+
+
+def test_assert_compiles_to_nothing_as_metal_does_without_shader_validation():
+    src = HEAD + """
+static void fill(device float* o, int n) {
+    assert(n % 4 == 0);
+    for (int i = 0; i < n; ++i) o[i] = float(i);
+}
+kernel void k(device float* o [[buffer(0)]], uint t [[thread_position_in_grid]]) {
+    assert(t < 1);
+    fill(o, 6);
+}
+"""
+    out = torch.empty(6)
+    MpsEmuBackend().compile(src).k(out, threads=1)
+    assert torch.equal(out, torch.arange(6.0))

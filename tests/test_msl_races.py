@@ -285,3 +285,116 @@ def test_integer_division_by_zero_is_an_error_not_a_crash(lib):
     out = torch.zeros(8, dtype=torch.int32)
     lib.divide(out, 3, arg_casts={1: "int32"})
     assert out.tolist() == [i // 3 + i % 3 for i in range(8)]
+
+
+TWO_LEVEL = r"""#include <metal_stdlib>
+using namespace metal;
+// the two-level sum of the major code bases' norms: simd_sum, partials per SIMD-group, simd_sum again,
+// one lane writing; the compiler duplicates the last block per side of that lane's branch
+kernel void row_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint gid [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float partial[32];
+  float acc = x[gid * 128 + lid];
+  acc = simd_sum(acc);
+  if (sg == 0) {
+    partial[lane] = 0;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lane == 0) {
+    partial[sg] = acc;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0) {
+    acc = simd_sum(partial[lane]);
+    if (lane == 0) {
+      out[gid] = acc;
+    }
+  }
+}
+// a SIMD-group function whose argument only some lanes load: every lane still takes part
+kernel void masked_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint lid [[thread_position_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float vals[32];
+  vals[lane] = x[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = simd_sum(lane < 4 ? vals[lane] : 0.0f);
+}
+"""
+
+
+def test_two_level_sum_with_one_writing_lane_is_exact():
+    lib = MpsEmuBackend().compile(TWO_LEVEL)
+    x, out = torch.randn(4, 128), torch.zeros(4)
+    lib.row_sum(x, out, threads=512, group_size=128)
+    torch.testing.assert_close(out, x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_simd_group_function_waits_for_lanes_loading_its_argument():
+    lib = MpsEmuBackend().compile(TWO_LEVEL)
+    x, out = torch.randn(32), torch.zeros(32)
+    lib.masked_sum(x, out, threads=32, group_size=32)
+    torch.testing.assert_close(out, x[:4].sum().expand(32), rtol=1e-5, atol=1e-5)
+
+
+REUSE = r"""#include <metal_stdlib>
+using namespace metal;
+// the scratch is overwritten for a second pass before every thread has read the first pass's total
+// (threadgroup 0 waits, so the race is in threadgroup 1)
+kernel void two_pass(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+    uint gid [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float acc[64];
+  acc[lid] = x[gid * 64 + lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 0) { float s = 0; for (int k = 0; k < 64; ++k) s += acc[k]; acc[0] = s; }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float total = acc[0];
+  if (gid == 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+  acc[lid] = total * x[gid * 64 + lid];
+  out[gid * 64 + lid] = acc[lid];
+}
+"""
+
+
+def test_a_threadgroup_memory_race_past_the_first_group_names_a_thread_of_that_group():
+    lib = MpsEmuBackend().compile(REUSE)
+    msg = _error(lib.two_pass, torch.randn(128) + 2, torch.zeros(128), threads=128, group_size=64)
+    assert "data race on acc[0]" in msg and "another threadgroup" not in msg
+    assert re.search(r"thread \d+ \(SIMD-group 1\)", msg)
+
+
+LOOPED = r"""#include <metal_stdlib>
+using namespace metal;
+// one simd_sum per row in a loop, lane 0 storing each total: on the GPU all 32 lanes take part in every
+// iteration's simd_sum; ordering waits by source line alone ran iteration r+1's call (an earlier line)
+// before lane 0's store of iteration r, so lane 0 summed alone from the second row on
+kernel void per_row_totals(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  float v[4];
+  for (int r = 0; r < 4; ++r) v[r] = float(lane + 100 * r);
+  for (int r = 0; r < 4; ++r) {
+    float s = simd_sum(v[r]);
+    if (lane == 0) out[r] = s;
+  }
+}
+// lanes leave the loop after different counts of iterations: each call sums the lanes still in it
+kernel void shrinking(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  for (uint r = 0; r < lane / 8 + 1; ++r) {
+    float s = simd_sum(1.0f);
+    if (lane == 31) out[r] = s;
+  }
+  float all = simd_sum(2.0f);
+  if (lane == 0) out[4] = all;
+}
+"""
+
+
+def test_a_simd_sum_per_loop_iteration_with_one_storing_lane():
+    out = torch.zeros(4)
+    MpsEmuBackend().compile(LOOPED).per_row_totals(out, threads=32, group_size=32)
+    assert out.tolist() == [496.0 + 3200.0 * r for r in range(4)]
+
+
+def test_lanes_leaving_a_loop_early_wait_for_the_others_after_it():
+    out = torch.zeros(5)
+    MpsEmuBackend().compile(LOOPED).shrinking(out, threads=32, group_size=32)
+    assert out.tolist() == [32.0, 24.0, 16.0, 8.0, 64.0]

@@ -119,6 +119,37 @@ def translate(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
     return body + "".join(launcher(k) for k in kernels), kernels
 
 
+def loop_lines(tk: Tokens) -> list[tuple[int, int]]:
+    """First and last source line of each for, while and do loop (a body without braces: to its first `;`)."""
+    n, loops = len(tk.sig), []
+    for p in range(n):
+        t = tk.t(p)
+        if tk.kind[tk.sig[p]] != "id" or t not in ("for", "while", "do"):
+            continue
+        if t == "do":
+            q = p + 1
+            if tk.t(q) != "{" or q not in tk.match:
+                continue
+            end = tk.match[q] + 1  # the `while` of `do { } while (c);`
+            loops.append((tk.line(p), tk.line(min(end, n - 1))))
+            continue
+        if tk.t(p + 1) != "(" or p + 1 not in tk.match:
+            continue
+        close = tk.match[p + 1]
+        if t == "while" and tk.t(p - 1) == "}" and p - 1 in tk.match and tk.t(tk.match[p - 1] - 1) == "do":
+            continue  # the tail of a do loop
+        q = close + 1
+        if q < n and tk.t(q) == "{" and q in tk.match:
+            end = tk.match[q]
+        else:
+            end = q
+            while end < n and tk.t(end) != ";":
+                end = tk.match[end] + 1 if tk.t(end) in ("(", "[", "{") and end in tk.match else end + 1
+            end = min(end, n - 1)
+        loops.append((tk.line(p), tk.line(end)))
+    return loops
+
+
 def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
                    function_constants: dict[Any, Any] | None = None) -> tuple[str, list[MslKernel]]:
     """C++ source without launchers (append `launcher(k)` for each kernel to run) and the kernel descriptions."""
@@ -213,9 +244,14 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
     if len(set(names)) != len(names):
         raise CompileError(f"duplicate kernel names: {sorted(x for x in set(names) if names.count(x) > 1)}")
     kernel_functions = {tk.t(k.name_p) for k in found}
+    loops = loop_lines(tk)
     checks = msl_instrument.plan(tk)
     rewrite(tk, {f for f in bodies if f not in kernel_functions and f and reaches_sync(f)})
     msl_instrument.apply(tk, checks)
     move_specializations(tk, moves)
-    out = [f'#include "{include}"', tk.render(), "", "// ---- launchers (generated)", '# 1 "ma_launchers"', ""]
+    table = ", ".join([str(len(loops))] + [f"{a}, {b}" for a, b in loops])
+    out = [f'#include "{include}"', tk.render(), "", "// ---- loops (generated): lockstep tells their iterations apart",
+           '# 1 "ma_loops"',
+           f'extern "C" __attribute__((visibility("hidden"))) const int ma_loop_lines[] = {{{table}}};',
+           "", "// ---- launchers (generated)", '# 1 "ma_launchers"', ""]
     return "\n".join(out), kernels

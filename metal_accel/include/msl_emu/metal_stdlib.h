@@ -35,3 +35,7 @@ using metal::uchar;
 using metal::ushort;
 using metal::uint;
 using metal::ulong;
+// Metal's assert (<metal_assert>) compiles to nothing unless shader validation enables it.
+#ifndef assert
+#define assert(cond) ((void)0)
+#endif

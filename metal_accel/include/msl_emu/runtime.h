@@ -75,6 +75,7 @@ constexpr size_t kMaxThreadgroupMemory = 32768;
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kSlotBytes = 64;
 constexpr int kMaxDepth = 8;
+constexpr int kMaxLoops = 64;
 
 // ---------------------------------------------------------------- one launch: error state
 struct Config;
@@ -162,6 +163,10 @@ struct Fiber {
   // SIMD-group function (outermost first), then the line of the SIMD-group function's call
   int path[kMaxDepth], depth, site[kMaxDepth + 1], nsite;
   uint64_t pc;  // WAIT_STEP: the access site (an offset in the library), to order sites of one line
+  int lsite[kMaxDepth + 1], lnsite;  // the previous wait's position and kind (loop iterations)
+  uint64_t lpc;
+  int lstate;
+  uint16_t iter[kMaxLoops];  // iterations of each loop of the source, counted at backward jumps
   SimdOp op;
   Pending pend;
 #ifndef MA_ASM_SWITCH
@@ -249,11 +254,65 @@ MA_NOSAN inline void fiber_main(void*) {
 inline void fiber_main_uc() { fiber_main(nullptr); }
 #endif
 
-// Position of a waiting thread in program order: the call path (lines), then the access site.
-MA_NOSAN_INLINE inline int site_cmp(const Fiber& a, const Fiber& b) {
+}  // namespace ma_rt
+// The loops of the source (the translator defines the table): their count, then the first and last
+// line of each. Hidden: each library reads its own.
+extern "C" __attribute__((weak, visibility("hidden"))) const int ma_loop_lines[];
+namespace ma_rt {
+MA_NOSAN_INLINE inline int nloops() { return ma_loop_lines ? ma_loop_lines[0] : 0; }
+// the innermost loop whose lines hold lines a and b, or -1
+MA_NOSAN_INLINE inline int loop_of(int a, int b) {
+  int lo = a < b ? a : b, hi = a < b ? b : a, best = -1;
+  const int* r = ma_loop_lines + 1;
+  for (int i = 0; i < nloops() && i < kMaxLoops; ++i) {
+    int s = r[2 * i], e = r[2 * i + 1];
+    if (s <= lo && hi <= e && (best < 0 || e - s < r[2 * best + 1] - r[2 * best])) best = i;
+  }
+  return best;
+}
+// Called as a thread starts to wait: a position not after its previous wait's, in the same function,
+// is a jump back, the next iteration of the innermost loop holding both (its inner loops start over).
+MA_NOSAN_INLINE inline void note_wait(Fiber& f, int state) {
+  int n = f.nsite;
+  bool back = n > 0 && n == f.lnsite;
+  for (int k = 0; back && k + 1 < n; ++k) back = f.site[k] == f.lsite[k];
+  if (back) {
+    int a = f.site[n - 1], b = f.lsite[n - 1];
+    back = a < b || (a == b && state == f.lstate && (state != WAIT_STEP || f.pc <= f.lpc));
+    int L = back ? loop_of(a, b) : -1;
+    if (L >= 0) {
+      ++f.iter[L];
+      const int* r = ma_loop_lines + 1;
+      for (int j = 0; j < nloops() && j < kMaxLoops; ++j)
+        if (j != L && r[2 * j] >= r[2 * L] && r[2 * j + 1] <= r[2 * L + 1]) f.iter[j] = 0;
+    }
+  }
+  for (int k = 0; k < n; ++k) f.lsite[k] = f.site[k];
+  f.lnsite = n; f.lpc = f.pc; f.lstate = state;
+}
+// Lanes in one loop at different iterations: the earlier iteration goes first (0: not so told apart).
+MA_NOSAN_INLINE inline int iter_cmp(const Fiber& a, const Fiber& b) {
+  if (!nloops() || a.nsite == 0 || a.nsite != b.nsite) return 0;
+  for (int k = 0; k + 1 < a.nsite; ++k) if (a.site[k] != b.site[k]) return 0;
+  int L = loop_of(a.site[a.nsite - 1], b.site[b.nsite - 1]);
+  if (L < 0 || a.iter[L] == b.iter[L]) return 0;
+  return a.iter[L] < b.iter[L] ? -1 : 1;
+}
+
+// Position of a waiting thread in program order: the call path (source lines). Lanes at one position
+// are one step, whatever instruction they wait at: the compiler may duplicate a line's code (a copy per
+// side of a later branch), so lanes at the same access can wait at different instructions.
+MA_NOSAN_INLINE inline int path_cmp(const Fiber& a, const Fiber& b) {
   for (int k = 0; k < a.nsite && k < b.nsite; ++k)
     if (a.site[k] != b.site[k]) return a.site[k] < b.site[k] ? -1 : 1;
-  if (a.nsite != b.nsite) return a.nsite - b.nsite;
+  return a.nsite - b.nsite;
+}
+// Which of two waits goes first: the earlier position; on one line, a memory access before a SIMD-group
+// function (the accesses that compute a call's arguments come before the call), then the lower site.
+MA_NOSAN_INLINE inline int site_cmp(const Fiber& a, const Fiber& b) {
+  if (int c = iter_cmp(a, b)) return c;
+  if (int c = path_cmp(a, b)) return c;
+  if (a.state != b.state) return a.state == WAIT_STEP ? -1 : (b.state == WAIT_STEP ? 1 : 0);
   return a.pc == b.pc ? 0 : (a.pc < b.pc ? -1 : 1);
 }
 // Calls to helper functions that reach SIMD-group functions are wrapped by the translator in
@@ -291,7 +350,7 @@ MA_NOSAN inline bool release_waits(Group* g) {
     uint32_t mask = 0;
     for (int i = base; i < end; ++i) {
       const Fiber& f = g->fib[i];
-      if (f.state == b.state && site_cmp(f, b) == 0 && (f.state == WAIT_STEP || f.op == b.op)) mask |= 1u << (i - base);
+      if (f.state == b.state && path_cmp(f, b) == 0 && iter_cmp(f, b) == 0 && (f.state == WAIT_STEP || f.op == b.op)) mask |= 1u << (i - base);
     }
     ++g->step[base / kSimdWidth];
     if (b.state == WAIT_SIMD) b.op(g, base, mask);
@@ -311,6 +370,8 @@ MA_NOSAN inline void run_fibers(Group* g) {
   for (int i = 0; i < g->n; ++i) {
     Fiber& f = g->fib[i];
     f.state = RUNNABLE; f.depth = 0; f.nsite = 0; f.op = nullptr; f.pc = 0; f.pend.size = 0;
+    f.lnsite = 0; f.lpc = 0; f.lstate = 0;
+    std::memset(f.iter, 0, sizeof f.iter);
 #ifdef MA_ASM_SWITCH
     void** sp = reinterpret_cast<void**>(g->stack_top(i) - 80);  // frame popped by ma_fiber_switch_
     reinterpret_cast<uint32_t*>(sp)[0] = 0x1F80;                 // MXCSR default

@@ -164,11 +164,10 @@ MA_NOSAN_INLINE inline void set_position(Group* g, uint64_t pc) {
 }
 
 [[noreturn]] MA_NOSAN inline void race(const char* what, const char* var, long long elem, uint64_t pc, const Ent& e, bool vs_write,
-                          int other_t, uint32_t other_g) {
+                          int other_t, uint32_t other_g, uint32_t my_g) {
   char who[160]; describe_thread(who, sizeof who);
-  Group* g = tl_group;
   char other[200];
-  if (other_g != uint32_t(g->group + 1))
+  if (other_g != my_g)  // threadgroup memory: both are group 1 (its entries belong to one group run)
     std::snprintf(other, sizeof other, "thread %d of another threadgroup (number %u)", other_t, other_g - 1);
   else
     std::snprintf(other, sizeof other, "thread %d (SIMD-group %d)", other_t, other_t / kSimdWidth);
@@ -185,7 +184,7 @@ MA_NOSAN_INLINE inline void check_read(Ent& e, Group* g, uint32_t G, const char*
   uint16_t ep = uint16_t(g->epoch);
   if (e.wg && e.wch) {
     bool conc = e.wg != G || (e.we == ep && e.wt != t && sg_of(g, e.wt) != sg_of(g, t));
-    if (conc) race("read", var, elem, pc, e, true, e.wt, e.wg);
+    if (conc) race("read", var, elem, pc, e, true, e.wt, e.wg, G);
   }
   if (e.rg == 0) { e.rg = G; e.rt = uint16_t(t); e.re = ep; e.rm = 0; }
   else if (e.rg != G) { e.rm |= kReadersGroups; e.rg = G; e.rt = uint16_t(t); e.re = ep; }
@@ -201,11 +200,11 @@ MA_NOSAN_INLINE inline void check_write(Ent& e, Group* g, uint32_t G, const char
   if (e.rg) {
     bool conc = (e.rm & kReadersGroups) || e.rg != G ||
                 (e.re == ep && ((e.rm & kReadersSg) || (e.rt != t && sg_of(g, e.rt) != sg_of(g, t))));
-    if (conc) race("write", var, elem, pc, e, false, e.rt, e.rg);
+    if (conc) race("write", var, elem, pc, e, false, e.rt, e.rg, G);
   }
   if (e.wg && e.wch) {
     bool conc = e.wg != G || (e.we == ep && e.wt != t && (sg_of(g, e.wt) != sg_of(g, t) || e.ws == st));
-    if (conc) race("write", var, elem, pc, e, true, e.wt, e.wg);
+    if (conc) race("write", var, elem, pc, e, true, e.wt, e.wg, G);
   }
   e.wg = G; e.wt = uint16_t(t); e.we = ep; e.ws = st; e.wch = 1; e.wpc = uint32_t(pc);
 }
@@ -343,6 +342,7 @@ __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t 
   }
   if (!g->plain) {  // lockstep: wait for the SIMD-group's step
     set_position(g, pc);
+    note_wait(g->fib[g->cur], WAIT_STEP);
     g->block(g->cur, WAIT_STEP);
   }
   if (store) {

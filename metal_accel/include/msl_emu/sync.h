@@ -59,6 +59,7 @@ template <class T, class Op> MA_NOSAN_INLINE inline T collective(const T& x, int
   f.nsite = 0;
   for (int k = 0; k < f.depth && k < ma_rt::kMaxDepth; ++k) f.site[f.nsite++] = f.path[k];
   f.site[f.nsite++] = site;
+  ma_rt::note_wait(f, ma_rt::WAIT_SIMD);
   g->block(me, ma_rt::WAIT_SIMD);
   T r; std::memcpy((void*)&r, g->slot[me].out, sizeof(T)); return r;
 }
