@@ -14,7 +14,8 @@ from metal_accel.backends import get_backend
 from metal_accel.backends.mps_emu.backend import MpsEmuBackend
 from metal_accel.core.errors import KernelLaunchError
 
-pytestmark = [pytest.mark.needs_cxx, pytest.mark.skipif(not MpsEmuBackend().is_available(), reason="no C++ compiler")]
+# (slow: each test compiles an instrumented kernel library, 1.5-5 s on 2 cores; the fast tier stays under 2 minutes)
+pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx, pytest.mark.skipif(not MpsEmuBackend().is_available(), reason="no C++ compiler")]
 
 SRC = r"""#include <metal_stdlib>
 using namespace metal;
