@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from .auto import hook
 from .backends import backend_for_device, get_backend
 from .backends.base import Backend
-from .candidates.compile import CompiledOp, supports_compile
+from .candidates.compile import supports_compile
 from .candidates.providers import build_providers
 from .core import config
 from .core.candidate import Candidate
@@ -35,7 +35,7 @@ from .store import cache as cache_store
 from .store import model_verdicts
 from .synth.models import ModelSpec
 from .synth.settings import SynthSettings
-from .whole_model import prove_whole_model
+from .whole_model import prove_whole_model, whole_model_op
 
 log = logging.getLogger(__name__)
 _REPORT_ATTR = "_metal_accel_report"
@@ -144,7 +144,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
     if cached is not None:
         e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
-                            lambda: CompiledOp(model, "metal_accel_whole_model"))
+                            lambda: whole_model_op(model))
         report.end_to_end = e2e.to_dict()
         log.info("metal_accel: end to end: %s", e2e.decision)
         return report

@@ -100,7 +100,7 @@ def _log_noise(ratios: list[float]) -> float:
 @contextmanager
 def suspended(modules: Sequence[nn.Module]) -> Iterator[None]:
     """MODULES run their own forward inside the block; their dispatchers are put back afterwards."""
-    saved = [(m, dispatcher_of(m)) for m in {id(m): m for m in modules}.values()]
+    saved = [(m, dispatcher_of(m)) for m in modules]
     for m, disp in saved:
         if disp is not None:
             del m.__dict__["forward"]

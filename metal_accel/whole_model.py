@@ -79,10 +79,15 @@ def _check(got: Any, want: Any, rule: PrecisionRule, where: str, exact: Callable
     return ""
 
 
+def whole_model_op(model: nn.Module) -> CompiledOp:
+    """The eager model under torch.compile, as the dispatcher calls it (it compiles at its first call)."""
+    return CompiledOp(model, "metal_accel_whole_model")
+
+
 def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
                       device: torch.device) -> tuple[CompiledOp | None, str]:
     """The eager model compiled whole, and '' when its outputs match eager's; else (None, why not)."""
-    op = CompiledOp(model, "metal_accel_whole_model")
+    op = whole_model_op(model)
     exact = float64_reference(model, eager_forward(model))
     try:
         first_call(op, args, kwargs, device, config.current().compile_timeout_s)
