@@ -105,7 +105,9 @@ def test_spot_checks_cover_every_input_set_at_unpredictable_calls():
         checked.clear()
         e, k, reps, _, _ = _sample_pairs(eager, kernel, sets, lambda: None, time_call, 400, 400, 0.0,
                                          record, 8, None)
-        assert reps == 400 and len(e) == 400
+        late = [w for r, w in checked if r >= 400]  # sets still unchecked after 400 pairs (about 1% of runs)
+        assert reps == 400 + len(late) and len(e) == reps
+        assert len(set(late)) == len(late) and not {w for r, w in checked if r < 400} & set(late)
         assert {w for _, w in checked} == set(range(8))  # every set, at least once
         assert 20 <= len(checked) <= 100  # about one call in eight
         runs.append([r for r, _ in checked])
