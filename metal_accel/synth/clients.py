@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ..core.errors import MetalAccelError
 from ..core.scrub import register_secret, scrub_exception
+from .answers import TRUNCATED_FINISH
 from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
 from .settings import SynthSettings
 
@@ -37,6 +38,14 @@ class Completion:
     latency_s: float
     estimated_tokens: bool = False   # the server reported no usage; tokens estimated from text length
     retries: int = 0                 # our own retries (the SDK's are not visible)
+    finish: str = ""                 # the finish reason the server gave ("stop", "length", "max_tokens", ...)
+    reasoning_tokens: int = 0        # of tokens_out, those spent reasoning (where the server says)
+    output_limit: int = 0            # the output-token limit the request was sent with
+
+    @property
+    def truncated(self) -> bool:
+        """The answer stopped at the output limit."""
+        return self.finish in TRUNCATED_FINISH
 
 
 class RequestFailed(MetalAccelError):
@@ -118,7 +127,7 @@ class SDKChatClient:
                 coro = self._request(system, messages)
                 if deadline is not None:
                     coro = asyncio.wait_for(coro, max(0.0, deadline - t0))
-                text, t_in, t_out, estimated = await coro
+                comp = await coro
             except asyncio.TimeoutError:
                 raise RequestFailed("out of time budget while waiting for an answer") from None
             except asyncio.CancelledError:
@@ -137,31 +146,55 @@ class SDKChatClient:
                 log.info("metal_accel: %s: %s; retry %d in %.1f s", self.spec.label, what, retries, delay)
                 await asyncio.sleep(delay)
                 continue
-            return Completion(text, t_in, t_out, time.monotonic() - t0, estimated, retries)
+            comp.latency_s, comp.retries = time.monotonic() - t0, retries
+            return comp
 
-    async def _request(self, system: str, messages: list[Message]) -> tuple[str, int, int, bool]:
-        s = self.settings
-        extra = {"temperature": s.temperature} if s.temperature is not None else {}
+    def request_args(self, system: str, messages: list[Message]) -> dict[str, Any]:
+        """The keyword arguments of the SDK call (no credentials: those live in the SDK client)."""
+        s, spec = self.settings, self.spec
+        reasons = s.reasons(spec.kind, spec.model)
+        limit = s.output_budget(spec.kind, spec.model)
+        extra: dict[str, Any] = {}
+        if s.temperature is not None and not reasons:  # reasoning models and thinking take only the default
+            extra["temperature"] = s.temperature
+        if spec.kind == "anthropic":
+            if reasons and s.thinking == "enabled":
+                extra["thinking"] = {"type": "enabled", "budget_tokens": s.reasoning_tokens}
+            elif reasons and s.thinking == "adaptive":
+                extra["thinking"] = {"type": "adaptive"}
+            return {"model": spec.model, "max_tokens": limit, "system": system, "messages": messages, **extra}
+        if reasons and s.reasoning_effort and spec.kind == "openai":
+            extra["reasoning_effort"] = s.reasoning_effort
+        key = "max_completion_tokens" if spec.kind == "openai" else "max_tokens"
+        return {"model": spec.model, "messages": [{"role": "system", "content": system}, *messages], key: limit,
+                **extra}
+
+    async def _request(self, system: str, messages: list[Message]) -> Completion:
+        args = self.request_args(system, messages)
+        reasoning = 0
         if self.spec.kind == "anthropic":
-            resp = await self._client.messages.create(model=self.spec.model, max_tokens=s.max_output_tokens,
-                                                      system=system, messages=messages, **extra)
+            resp = await self._client.messages.create(**args)
             text = "".join(getattr(b, "text", "") for b in resp.content if getattr(b, "type", "") == "text")
+            finish = getattr(resp, "stop_reason", None) or ""
             usage = getattr(resp, "usage", None)
             t_in = getattr(usage, "input_tokens", None)
             t_out = getattr(usage, "output_tokens", None)
         else:
-            limit = "max_completion_tokens" if self.spec.kind == "openai" else "max_tokens"
-            resp = await self._client.chat.completions.create(
-                model=self.spec.model, messages=[{"role": "system", "content": system}, *messages],
-                **{limit: s.max_output_tokens}, **extra)
-            text = (resp.choices[0].message.content or "") if resp.choices else ""
+            resp = await self._client.chat.completions.create(**args)
+            choice = resp.choices[0] if resp.choices else None
+            text = (choice.message.content or "") if choice is not None and choice.message is not None else ""
+            finish = (getattr(choice, "finish_reason", None) or "") if choice is not None else ""
             usage = getattr(resp, "usage", None)
             t_in = getattr(usage, "prompt_tokens", None)
             t_out = getattr(usage, "completion_tokens", None)
+            details = getattr(usage, "completion_tokens_details", None)
+            reasoning = int(getattr(details, "reasoning_tokens", None) or 0)
+        limit = int(args.get("max_tokens") or args.get("max_completion_tokens") or 0)
         if t_in is None or t_out is None:  # some compatible servers report no usage
             sent = len(system) + sum(len(m["content"]) for m in messages)
-            return text, sent // 4, len(text) // 4, True
-        return text, int(t_in), int(t_out), False
+            return Completion(text, sent // 4, len(text) // 4, 0.0, True, finish=str(finish), output_limit=limit)
+        return Completion(text, int(t_in), int(t_out), 0.0, False, finish=str(finish), reasoning_tokens=reasoning,
+                          output_limit=limit)
 
     def _classify(self, exc: Exception) -> str:
         """'retry' (rate limit, timeout, connection, 5xx), 'fatal' (credentials, unknown model) or 'fail'."""

@@ -8,21 +8,24 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from ..core.candidate import Candidate, parse_candidate
+from ..core.candidate import Candidate
 from ..core.errors import CandidateFormatError
 from ..core.provider import Evaluation, SynthesisRequest
 from ..core.redact import redact
 from ..core.scrub import scrub
+from .answers import AnswerProblem, read_answer
 from .bridge import AsyncEvaluate
 from .budget import Budget, cost_of
-from .clients import ChatClient, Message, RequestFailed
+from .clients import ChatClient, Completion, Message, RequestFailed
 from .models import ModelSpec, ProviderConfigError
-from .prompts import Best, Prompt, feedback_for, feedback_malformed
+from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
 from .settings import SynthSettings
 from .stats import Attempt, InFlight, ModuleRecord
 
 log = logging.getLogger(__name__)
 ClientFactory = Callable[[ModelSpec, SynthSettings], ChatClient]
+_PROBLEM_LABELS = {"empty": "empty answer", "thinking-only": "empty answer", "truncated": "truncated answer",
+                   "malformed": "malformed answer"}
 
 
 class ModuleSession:
@@ -91,7 +94,8 @@ class ModuleSession:
         left = self.budget.remaining_s()
         return None if left is None else time.monotonic() + left
 
-    async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt, messages: list[Message]) -> str | None:
+    async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
+                   messages: list[Message]) -> Completion | None:
         """One request under the concurrency bound and the budget; None when the conversation must end."""
         assert self._sem is not None
         async with self._sem:
@@ -114,11 +118,18 @@ class ModuleSession:
         attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices)
         attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
         self.budget.charge(comp.tokens_in, comp.tokens_out, attempt.cost_usd)
-        return comp.text
+        return comp
 
     async def _sample(self, client: ChatClient, model: ModelSpec, sample: int) -> None:
         """One conversation: answer, verdict, repaired answer, ... ."""
         messages: list[Message] = [{"role": "user", "content": self.prompt.user}]
+        user_base = self.prompt.user  # the last user turn without the note about an unusable reply
+
+        def reply(answer: str, feedback: str) -> None:
+            nonlocal user_base
+            user_base = feedback
+            messages.extend([{"role": "assistant", "content": answer}, {"role": "user", "content": feedback}])
+
         for rnd in range(self.settings.repair_rounds + 1):
             attempt = Attempt(model.label, sample, rnd)
             if model in self.dead:
@@ -127,16 +138,25 @@ class ModuleSession:
             if why:
                 self._stop(why)
                 return
-            text = await self._ask(client, model, attempt, messages)
-            if text is None:
+            comp = await self._ask(client, model, attempt, messages)
+            if comp is None:
                 return
-            messages.append({"role": "assistant", "content": text})
             try:
-                cand = parse_candidate(text, self.request.backend, origin=attempt.tag)
+                cand = read_answer(comp.text, self.request.backend, origin=attempt.tag, truncated=comp.truncated)
+            except AnswerProblem as exc:
+                attempt.outcome = f"{_PROBLEM_LABELS[exc.kind]}: {exc}"
+                self._note(attempt)
+                if exc.kind == "malformed":
+                    reply(comp.text, feedback_malformed(exc))
+                else:  # nothing to show back (never an empty or cut-off assistant turn): say so in the user turn
+                    note = feedback_truncated(comp.output_limit, comp.reasoning_tokens) if exc.kind == "truncated" \
+                        else feedback_empty(exc.kind)
+                    messages[-1] = {"role": "user", "content": f"{user_base}\n\n{note}"}
+                continue
             except CandidateFormatError as exc:
                 attempt.outcome = f"malformed answer: {exc}"
                 self._note(attempt)
-                messages.append({"role": "user", "content": redact(feedback_malformed(exc))})
+                reply(comp.text, redact(feedback_malformed(exc)))
                 continue
             attempt.digest = cand.digest
             try:
@@ -152,7 +172,7 @@ class ModuleSession:
             if ev.verdict.accepted:
                 return
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
-            messages.append({"role": "user", "content": redact(feedback_for(ev, self.best, duplicate=duplicate))})
+            reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))
 
     async def _evaluate(self, cand: Candidate, attempt: Attempt) -> tuple[Evaluation, bool]:
         """Evaluate once per distinct candidate; a repeat waits for (or reuses) the first verdict."""
