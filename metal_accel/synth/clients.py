@@ -4,8 +4,10 @@ Keys are never passed in or read here except the one variable of OpenAI-compatib
 (METAL_ACCEL_COMPATIBLE_API_KEY): the SDKs resolve their own credentials (OPENAI_API_KEY,
 ANTHROPIC_API_KEY, their config files). The SDKs retry 429 (honouring retry-after), 408/409,
 5xx, connection errors and timeouts `sdk_max_retries` times; after they give up, `complete`
-retries a retryable failure `extra_retries` more times with exponential backoff. Every error
-message that leaves this module is scrubbed of credentials.
+retries a retryable failure `extra_retries` more times with exponential backoff, logging each
+retry. One request, all attempts together, ends by its deadline (`request_deadline_s`) or the
+caller's budget, whichever is first. Every error message that leaves this module is scrubbed of
+credentials.
 """
 from __future__ import annotations
 
@@ -49,11 +51,14 @@ class Completion:
 
 
 class RequestFailed(MetalAccelError):
-    """A request failed for good. `fatal`: the model is unusable (credentials, unknown model)."""
+    """A request failed for good. `fatal`: the model is unusable (credentials, unknown model).
+    `billable`: it was abandoned after the server may have done the work (a timeout), so its
+    reservation is charged."""
 
-    def __init__(self, message: str, *, fatal: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False, billable: bool = False) -> None:
         super().__init__(message)
         self.fatal = fatal
+        self.billable = billable
 
 
 class ChatClient(Protocol):
@@ -119,35 +124,53 @@ class SDKChatClient:
             pass
 
     async def complete(self, system: str, messages: list[Message], *, deadline: float | None = None) -> Completion:
-        """Send one request; retry retryable failures with backoff until `deadline` (monotonic)."""
+        """Send one request; retry retryable failures with backoff. Everything (the SDK's attempts and
+        ours) ends by `deadline` (monotonic; the caller's budget) and by the request's own deadline
+        (`request_deadline_s` after the start), whichever comes first."""
+        start = time.monotonic()
+        own = start + self.settings.request_deadline_s
+        end = own if deadline is None else min(deadline, own)
         retries = 0
         while True:
             t0 = time.monotonic()
+            left = end - t0
+            if left <= 0:
+                raise self._out_of_time(own, end, billable=retries > 0)
             try:
-                coro = self._request(system, messages)
-                if deadline is not None:
-                    coro = asyncio.wait_for(coro, max(0.0, deadline - t0))
-                comp = await coro
+                comp = await asyncio.wait_for(self._request(system, messages, min(self.settings.request_timeout_s,
+                                                                                    left)), left)
             except asyncio.TimeoutError:
-                raise RequestFailed("out of time budget while waiting for an answer") from None
+                raise self._out_of_time(own, end, billable=True) from None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 kind = self._classify(exc)
                 what = scrub_exception(exc)
+                billable = self._is_timeout(exc)  # the server may have done (and billed) the work
                 if kind == "fatal":
                     raise RequestFailed(what, fatal=True) from None
                 if kind == "fail" or retries >= self.settings.extra_retries:
-                    raise RequestFailed(what + (f" (after {retries} extra retries)" if retries else "")) from None
+                    raise RequestFailed(what + (f" (after {retries} extra retries)" if retries else ""),
+                                        billable=billable) from None
                 delay = self._backoff(exc, retries)
-                if deadline is not None and time.monotonic() + delay >= deadline:
-                    raise RequestFailed(f"{what} (no time budget left to retry)") from None
+                if time.monotonic() + delay >= end:
+                    raise RequestFailed(f"{what} (no time left to retry)", billable=billable) from None
                 retries += 1
-                log.info("metal_accel: %s: %s; retry %d in %.1f s", self.spec.label, what, retries, delay)
+                log.info("metal_accel: %s: %s; retry %d of %d in %.1f s", self.spec.label, what, retries,
+                         self.settings.extra_retries, delay)
                 await asyncio.sleep(delay)
                 continue
             comp.latency_s, comp.retries = time.monotonic() - t0, retries
             return comp
+
+    def _out_of_time(self, own: float, end: float, *, billable: bool) -> RequestFailed:
+        if end < own:
+            return RequestFailed("out of time budget while waiting for an answer", billable=billable)
+        return RequestFailed(f"no answer within the request deadline ({self.settings.request_deadline_s:g} s, all "
+                             "attempts together)", billable=billable)
+
+    def _is_timeout(self, exc: Exception) -> bool:
+        return isinstance(exc, getattr(self._sdk, "APITimeoutError", ())) or isinstance(exc, TimeoutError)
 
     def request_args(self, system: str, messages: list[Message]) -> dict[str, Any]:
         """The keyword arguments of the SDK call (no credentials: those live in the SDK client)."""
@@ -169,8 +192,8 @@ class SDKChatClient:
         return {"model": spec.model, "messages": [{"role": "system", "content": system}, *messages], key: limit,
                 **extra}
 
-    async def _request(self, system: str, messages: list[Message]) -> Completion:
-        args = self.request_args(system, messages)
+    async def _request(self, system: str, messages: list[Message], timeout: float) -> Completion:
+        args = {**self.request_args(system, messages), "timeout": timeout}
         reasoning = 0
         if self.spec.kind == "anthropic":
             resp = await self._client.messages.create(**args)

@@ -15,7 +15,7 @@ from ..core.redact import redact
 from ..core.scrub import scrub
 from .answers import AnswerProblem, read_answer
 from .bridge import AsyncEvaluate
-from .budget import Budget, cost_of
+from .budget import Budget, Reservation, cost_of
 from .clients import ChatClient, Completion, Message, RequestFailed
 from .models import ModelSpec, ProviderConfigError
 from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
@@ -52,6 +52,7 @@ class ModuleSession:
         self._submit: AsyncEvaluate | None = None
         self._sem: asyncio.Semaphore | None = None
         self._bar: tqdm | None = None
+        self._settled = asyncio.Event()  # set (and replaced) whenever a request settles its reservation
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
@@ -94,31 +95,75 @@ class ModuleSession:
         left = self.budget.remaining_s()
         return None if left is None else time.monotonic() + left
 
+    def _worst_case(self, model: ModelSpec, messages: list[Message]) -> tuple[int, int, float]:
+        """(input tokens, output tokens, USD) a request may cost at most: its text at 3 characters a
+        token (code runs 3 to 4), its whole output budget, at the model's price."""
+        chars = len(self.prompt.system) + sum(len(m["content"]) for m in messages)
+        t_in, t_out = -(-chars // 3), self.settings.output_budget(model.kind, model.model)
+        return t_in, t_out, cost_of(model.model, t_in, t_out, self.settings.prices, base_url=model.base_url)
+
+    async def _reserve(self, model: ModelSpec, messages: list[Message]) -> Reservation | None:
+        """Reserve the request's worst case on the budget; wait while it would fit once the requests in
+        flight settle; None (and the session stops) when it cannot fit."""
+        t_in, t_out, cost = self._worst_case(model, messages)
+        while True:
+            res, why, later = self.budget.reserve(t_in + t_out, cost)
+            if res is not None:
+                return res
+            if not later or self.inflight.n == 0:
+                self._stop(why)
+                return None
+            await self._settled.wait()
+
+    def _settle(self, res: Reservation, t_in: int, t_out: int, cost: float, *, failed: bool = False) -> None:
+        self.budget.settle(res, t_in, t_out, cost, failed=failed)
+        self._settled.set()
+        self._settled = asyncio.Event()
+
     async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
                    messages: list[Message]) -> Completion | None:
-        """One request under the concurrency bound and the budget; None when the conversation must end."""
+        """One request under the concurrency bound, its worst case reserved on the budget first; None
+        when the conversation must end."""
         assert self._sem is not None
         async with self._sem:
-            why = self.budget.exceeded()
-            if why or model in self.dead:
-                self._stop(why)
+            if model in self.dead:
+                return None
+            res = await self._reserve(model, messages)
+            if res is None:
                 return None
             self.inflight.enter()
             try:
                 comp = await client.complete(self.prompt.system, messages, deadline=self._deadline())
             except RequestFailed as exc:
+                self._charge_abandoned(res, model, messages, attempt, billable=exc.billable)
                 attempt.outcome = f"request failed: {exc}"
                 self._note(attempt)
                 if exc.fatal:
                     self.dead.setdefault(model, f"{model.label}: {exc}")
                 return None
+            except asyncio.CancelledError:  # the module's time is up: the server may still bill the request
+                self._charge_abandoned(res, model, messages, attempt, billable=True)
+                attempt.outcome = "request cancelled: " + (self.record.stop_reason or "stopped")
+                self._note(attempt)
+                raise
             finally:
                 self.inflight.exit()
         attempt.tokens_in, attempt.tokens_out = comp.tokens_in, comp.tokens_out
-        attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices)
+        attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices,
+                                   base_url=model.base_url)
         attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
-        self.budget.charge(comp.tokens_in, comp.tokens_out, attempt.cost_usd)
+        self._settle(res, comp.tokens_in, comp.tokens_out, attempt.cost_usd)
         return comp
+
+    def _charge_abandoned(self, res: Reservation, model: ModelSpec, messages: list[Message], attempt: Attempt, *,
+                          billable: bool) -> None:
+        """Settle a request that brought no answer: free if the server refused it, else (a timeout, a
+        cancel) its worst case, marked estimated, since the provider may bill the work it did."""
+        if billable:
+            t_in, t_out, cost = self._worst_case(model, messages)
+            attempt.tokens_in, attempt.tokens_out, attempt.cost_usd = t_in, t_out, cost
+            attempt.estimated_tokens = True
+        self._settle(res, attempt.tokens_in, attempt.tokens_out, attempt.cost_usd, failed=True)
 
     async def _sample(self, client: ChatClient, model: ModelSpec, sample: int) -> None:
         """One conversation: answer, verdict, repaired answer, ... ."""

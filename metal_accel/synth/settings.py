@@ -6,7 +6,7 @@ import re
 from typing import Any, Mapping
 
 from ..core import config
-from .budget import DEFAULT_MODULE_LIMITS, DEFAULT_RUN_LIMITS, Limits
+from .budget import DEFAULT_MODULE_LIMITS, DEFAULT_RUN_LIMITS, PRICES_ENV, Limits, parse_prices
 
 THINKING_MODES = ("off", "enabled", "adaptive")
 # OpenAI models whose completion tokens include hidden reasoning: o1, o3, o4-mini, ..., gpt-5 (not its chat variant).
@@ -20,7 +20,8 @@ class SynthSettings:
     Environment overrides (read by `from_env`): METAL_ACCEL_SAMPLES, METAL_ACCEL_REPAIR_ROUNDS,
     METAL_ACCEL_CONCURRENCY, METAL_ACCEL_MAX_TOKENS, METAL_ACCEL_MAX_COST_USD, METAL_ACCEL_MAX_WALL_S
     (per run), METAL_ACCEL_MODULE_MAX_TOKENS, METAL_ACCEL_MODULE_MAX_COST_USD,
-    METAL_ACCEL_MODULE_MAX_WALL_S (per module), METAL_ACCEL_LLM_TIMEOUT_S, METAL_ACCEL_ANSWER_TOKENS,
+    METAL_ACCEL_MODULE_MAX_WALL_S (per module), METAL_ACCEL_LLM_TIMEOUT_S, METAL_ACCEL_LLM_DEADLINE_S,
+    METAL_ACCEL_PRICES ('name=IN/OUT,...', USD per million tokens), METAL_ACCEL_ANSWER_TOKENS,
     METAL_ACCEL_REASONING_TOKENS, METAL_ACCEL_REASONING_EFFORT, METAL_ACCEL_THINKING,
     METAL_ACCEL_REASONING_MODELS (comma-separated).
 
@@ -42,13 +43,14 @@ class SynthSettings:
     thinking: str = "off"               # Anthropic extended thinking: "off", "enabled" or "adaptive"
     reasoning_models: tuple[str, ...] = ()  # more model names (exact, or a prefix ending in '*') that reason
     temperature: float | None = None    # None: the provider's default
-    request_timeout_s: float = 600.0    # per HTTP request (the SDK's timeout)
-    sdk_max_retries: int = 3            # the SDK's own retries (429 with retry-after, 5xx, timeouts)
-    extra_retries: int = 2              # ours, after the SDK gave up on a retryable error
+    request_timeout_s: float = 600.0    # per HTTP attempt (the SDK's timeout)
+    request_deadline_s: float = 1200.0  # per request, all attempts and retries together
+    sdk_max_retries: int = 1            # the SDK's own retries (429 with retry-after, 5xx, timeouts)
+    extra_retries: int = 2              # ours, after the SDK gave up on a retryable error (each one logged)
     retry_backoff_s: float = 2.0        # base of our exponential backoff
     module_limits: Limits = DEFAULT_MODULE_LIMITS
     run_limits: Limits = DEFAULT_RUN_LIMITS
-    prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # extra/overriding prices
+    prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # USD/M tokens by exact name or 'prefix*'
     only_classes: tuple[str, ...] = ()  # synthesize only these classes (name or qualified path); () = all
     profile: bool = True                # include a torch.profiler breakdown of the eager forward
     references: bool = True             # include reference kernels from the caches
@@ -83,6 +85,7 @@ class SynthSettings:
                                 ("METAL_ACCEL_REPAIR_ROUNDS", "repair_rounds", int),
                                 ("METAL_ACCEL_CONCURRENCY", "concurrency", int),
                                 ("METAL_ACCEL_LLM_TIMEOUT_S", "request_timeout_s", float),
+                                ("METAL_ACCEL_LLM_DEADLINE_S", "request_deadline_s", float),
                                 ("METAL_ACCEL_ANSWER_TOKENS", "max_output_tokens", int),
                                 ("METAL_ACCEL_REASONING_TOKENS", "reasoning_tokens", int),
                                 ("METAL_ACCEL_REASONING_EFFORT", "reasoning_effort", str),
@@ -92,6 +95,8 @@ class SynthSettings:
         if environ.get("METAL_ACCEL_REASONING_MODELS"):
             env["reasoning_models"] = tuple(p.strip() for p in environ["METAL_ACCEL_REASONING_MODELS"].split(",")
                                             if p.strip())
+        if environ.get(PRICES_ENV):
+            env["prices"] = parse_prices(environ[PRICES_ENV])
         env["run_limits"] = _limits_from_env(environ, "METAL_ACCEL_", DEFAULT_RUN_LIMITS)
         env["module_limits"] = _limits_from_env(environ, "METAL_ACCEL_MODULE_", DEFAULT_MODULE_LIMITS)
         out = cls(**{**env, **overrides})
