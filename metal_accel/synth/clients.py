@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..core.errors import MetalAccelError
 from ..core.scrub import register_secret, scrub_exception
+from . import logfilter
 from .answers import TRUNCATED_FINISH
 from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
 from .settings import SynthSettings
@@ -90,11 +91,18 @@ def _build(spec: ModelSpec, settings: SynthSettings) -> Any:
             client = sdk.AsyncOpenAI(api_key=os.environ.get(COMPATIBLE_KEY_ENV) or "not-needed",
                                      base_url=spec.base_url, **common)
     except Exception as exc:  # the SDKs raise their base error class for missing credentials
-        hint = "set OPENAI_API_KEY" if spec.kind == "openai" else "check the SDK's configuration"
+        hint = {"openai": "set OPENAI_API_KEY",
+                "anthropic": "set ANTHROPIC_API_KEY or check the SDK's configuration"}.get(spec.kind,
+                                                                                           "check the SDK's configuration")
         raise ProviderConfigError(f"{spec.label}: cannot create the client ({hint}): {scrub_exception(exc)}") from None
     for attr in ("api_key", "auth_token"):
         value = getattr(client, attr, None)
         register_secret(value if isinstance(value, str) else None)
+    if spec.kind == "anthropic" and not any(getattr(client, a, None) for a in ("api_key", "auth_token", "credentials")):
+        # the SDK builds a client without credentials and fails only when a request is sent
+        raise ProviderConfigError(f"{spec.label}: no Anthropic credentials: set ANTHROPIC_API_KEY (or "
+                                  "ANTHROPIC_AUTH_TOKEN, or an SDK profile)")
+    logfilter.install()
     return client
 
 

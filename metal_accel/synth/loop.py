@@ -43,6 +43,8 @@ class SynthesisLoop:
     module and over the loop's lifetime (one optimize() run when optimize builds it).
 
     `records` keeps one ModuleRecord per synthesized module (attempts, time split, concurrency).
+    Ctrl-C during a module's synthesis returns what was evaluated so far (the pipeline installs and
+    caches the best) and sets `interrupted`: later modules are not synthesized.
     """
 
     def __init__(self, models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
@@ -62,6 +64,7 @@ class SynthesisLoop:
                 log.warning("metal_accel: %s", self.dead[m])
         self.run_meter = Meter("run", self.settings.run_limits)
         self.records: list[ModuleRecord] = []
+        self.interrupted = False  # Ctrl-C during synthesis: what was evaluated is kept, nothing more is asked
         self._done: dict[str, str] = {}  # entry key -> summary of its synthesis in this loop's lifetime
 
     @property
@@ -80,6 +83,8 @@ class SynthesisLoop:
         problem = self.configuration_error
         if problem:
             raise ProviderConfigError(problem)
+        if self.interrupted:
+            raise SynthesisError("not synthesized: synthesis was interrupted (Ctrl-C)")
         why = self.run_meter.exceeded()
         if why:
             raise SynthesisError(f"not synthesized: {why}")
@@ -109,6 +114,11 @@ class SynthesisLoop:
 
         try:
             run_with_evaluator(session.run, timed)
+        except KeyboardInterrupt:  # keep what was proven; no more synthesis in this loop's lifetime
+            self.interrupted = True
+            record.stop_reason = record.stop_reason or "interrupted (Ctrl-C)"
+            log.warning("metal_accel: synthesis interrupted: %d evaluated candidate(s) of %s kept; no more "
+                        "synthesis in this run (Ctrl-C again stops it)", len(done), request.class_name)
         finally:  # whatever happened (a failure, Ctrl-C), what was spent and evaluated is recorded
             evaluations = list(done)
             record.wall_s = time.monotonic() - start

@@ -24,6 +24,7 @@ from .stats import Attempt, InFlight, ModuleRecord
 
 log = logging.getLogger(__name__)
 ClientFactory = Callable[[ModelSpec, SynthSettings], ChatClient]
+HEARTBEAT_S = 30.0  # a log line this often while answers are awaited
 _PROBLEM_LABELS = {"empty": "empty answer", "thinking-only": "empty answer", "truncated": "truncated answer",
                    "malformed": "malformed answer"}
 
@@ -67,6 +68,7 @@ class ModuleSession:
         total = len(clients) * s.samples * (s.repair_rounds + 1)
         self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
                          disable=None if s.progress is None else not s.progress)
+        beat = asyncio.create_task(self._heartbeat())
         try:
             tasks = [asyncio.create_task(self._sample(c, m, i)) for m, c in clients.items() for i in range(s.samples)]
             if tasks:
@@ -81,10 +83,29 @@ class ModuleSession:
                         log.warning("metal_accel: synth %s: a conversation failed: %s", self.request.class_name,
                                     scrub(t.exception()))
         finally:
+            beat.cancel()
             for c in clients.values():
                 await c.close()
             self._bar.total = self._bar.n
             self._bar.close()
+
+    async def _heartbeat(self) -> None:
+        """While answers are awaited: the bar shows the wait each second; a log line every `HEARTBEAT_S`."""
+        started = time.monotonic()
+        last_log = started
+        while True:
+            await asyncio.sleep(1.0)
+            n = self.inflight.n
+            if not n:
+                continue
+            waited = time.monotonic() - started
+            if self._bar is not None:
+                self._bar.set_postfix_str(f"waiting for {n} answer{'s' if n != 1 else ''}, {waited:.0f} s, "
+                                          f"${self.record.cost_usd:.3f}", refresh=True)
+            if time.monotonic() - last_log >= HEARTBEAT_S:
+                last_log = time.monotonic()
+                log.info("metal_accel: synth %s: waiting for %d answer%s (%.0f s so far, %d answers received)",
+                         self.request.class_name, n, "s" if n != 1 else "", waited, len(self.record.attempts))
 
     def _stop(self, reason: str) -> None:
         if reason and not self.record.stop_reason:
@@ -132,6 +153,9 @@ class ModuleSession:
             if res is None:
                 return None
             self.inflight.enter()
+            log.info("metal_accel: synth %s: %s: request sent (%d messages, up to %d output tokens, $%.4f reserved)",
+                     self.request.class_name, attempt.tag, len(messages),
+                     self.settings.output_budget(model.kind, model.model), res.cost_usd)
             try:
                 comp = await client.complete(self.prompt.system, messages, deadline=self._deadline())
             except RequestFailed as exc:
