@@ -72,6 +72,7 @@ def main() -> int:
         models = ["openai:bench-model-a", "anthropic:bench-model-b"][: args.models]
         settings = SynthSettings(samples=args.samples, repair_rounds=2, concurrency=8, profile=True,
                                  references=True, progress=False,
+                                 prices={"bench-model-*": (0.0, 0.0)},  # scripted models: free, but priced
                                  only_classes=tuple(p.stem for p in KERNELS.glob("*.py")))
         loop = SynthesisLoop(models, settings)
         model = build_demo_model().eval()

@@ -27,6 +27,8 @@ class Reply:
     delay: float = 0.0                              # seconds before answering
     usage: tuple[int, int] | None = (1000, 500)     # (input, output) tokens; None: no usage reported
     error: str = "scripted error"
+    finish: str = ""                                # finish_reason / stop_reason; "": "stop" / "end_turn"
+    reasoning_tokens: int = 0                       # OpenAI: usage.completion_tokens_details.reasoning_tokens
 
 
 @dataclass
@@ -140,7 +142,7 @@ def _payload(api: str, model: str, reply: Reply) -> bytes:
             doc = {"error": {"message": reply.error, "type": "api_error", "code": None}}
     elif api == "anthropic":
         doc = {"id": "msg_test", "type": "message", "role": "assistant", "model": model,
-               "content": [{"type": "text", "text": reply.text}], "stop_reason": "end_turn", "stop_sequence": None}
+               "content": [{"type": "text", "text": reply.text}], "stop_reason": reply.finish or "end_turn", "stop_sequence": None}
         if reply.usage:
             doc["usage"] = {"input_tokens": reply.usage[0], "output_tokens": reply.usage[1]}
         else:
@@ -148,8 +150,9 @@ def _payload(api: str, model: str, reply: Reply) -> bytes:
     else:
         doc = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                            "finish_reason": "stop"}]}
+                            "finish_reason": reply.finish or "stop"}]}
         if reply.usage:
             doc["usage"] = {"prompt_tokens": reply.usage[0], "completion_tokens": reply.usage[1],
-                            "total_tokens": sum(reply.usage)}
+                            "total_tokens": sum(reply.usage),
+                            "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}
     return json.dumps(doc).encode()

@@ -67,11 +67,11 @@ def test_settings_from_environment(monkeypatch):
 
 def test_prices_and_costs():
     assert price_of("gpt-4o-2024-08-06") == (2.50, 10.00)
-    assert price_of("gpt-4o-mini") == (0.15, 0.60)  # the longest prefix wins
-    assert price_of("my-local-model") == (0.0, 0.0)
+    assert price_of("gpt-4o-mini") == (0.15, 0.60)
+    with pytest.raises(ProviderConfigError, match="no price known"):
+        price_of("my-local-model")
     assert cost_of("gpt-4o", 1_000_000, 100_000) == pytest.approx(3.5)
-    assert cost_of("my-local-model", 10**6, 10**6) == 0.0
-    assert cost_of("my-local-model", 10**6, 0, {"my-local": (1.0, 2.0)}) == pytest.approx(1.0)
+    assert cost_of("my-local-model", 10**6, 0, {"my-local*": (1.0, 2.0)}) == pytest.approx(1.0)
 
 
 def test_budget_caps():

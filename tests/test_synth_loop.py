@@ -26,7 +26,8 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 SECRET = "sk-test-SECRET-0123456789"
 QUICK = SynthSettings(samples=1, repair_rounds=2, concurrency=4, request_timeout_s=120.0, sdk_max_retries=1,
-                      extra_retries=0, retry_backoff_s=0.05, profile=False, references=False, progress=False)
+                      extra_retries=0, retry_backoff_s=0.05, profile=False, references=False, progress=False,
+                      prices={"claude-test": (3.0, 15.0)})
 
 
 def fence(code: str) -> str:
@@ -242,12 +243,20 @@ def test_two_models_race_and_the_faster_kernel_wins(llm, caplog, isolated_user_c
 
 def test_token_budget_stops_the_module(llm, caplog, isolated_user_cache):
     server = llm({"gpt-4o": [fence(WRONG)]})  # each answer: 1000 + 500 tokens
-    loop = SynthesisLoop(["openai:gpt-4o"], QUICK.with_(repair_rounds=5, module_limits=Limits(tokens=2500)))
-    model = Chain().eval()
-    metal_accel.optimize(model, (torch.randn(4, 256),), backend="cpu", providers=[loop], bench_budget_s=0.3,
-                         progress=False)
-    assert len(server.requests) == 2
-    assert "module token budget reached (3000 of 2500)" in loop.records[0].stop_reason
+    settings = QUICK.with_(repair_rounds=5, max_output_tokens=1000)
+    metal_accel.optimize(Chain().eval(), (torch.randn(4, 256),), backend="cpu", models=["openai:gpt-4o"],
+                         synth_settings=settings, bench_budget_s=0.3, progress=False)
+    assert len(server.requests) == 6
+    # a request reserves its text at 3 characters a token and its 1000 output tokens before it is sent:
+    # a cap that fits the first request's worst case and its real 1500 tokens cannot fit the longer second
+    first = server.requests[0]
+    worst = -(-(len(first.system) + len(first.last_user())) // 3) + 1000
+    loop = SynthesisLoop(["openai:gpt-4o"], settings.with_(module_limits=Limits(tokens=worst + 1500 + 100)))
+    metal_accel.optimize(Chain().eval(), (torch.randn(3, 256),), backend="cpu", providers=[loop],
+                         bench_budget_s=0.3, progress=False)
+    assert len(server.requests) == 6 + 1
+    assert "module token budget reached" in loop.records[0].stop_reason
+    assert loop.run_meter.tokens <= worst + 1600
     assert "token budget" in caplog.text
 
 
@@ -273,15 +282,15 @@ class TwoChains(nn.Module):
 
 
 def test_run_cost_budget_stops_later_modules(llm, caplog, isolated_user_cache):
-    server = llm({"gpt-4o": [fence(WRONG)]})  # $0.0075 per answer
-    settings = QUICK.with_(only_classes=("Chain",), run_limits=Limits(cost_usd=0.005))
+    server = llm({"gpt-4o": [fence(WRONG)]})  # $0.0005 per answer at $1 per million output tokens
+    settings = QUICK.with_(only_classes=("Chain",), repair_rounds=0, max_output_tokens=1000,
+                           prices={"gpt-4o": (0.0, 1.0)}, run_limits=Limits(cost_usd=0.0014))
     model = TwoChains().eval()
     metal_accel.optimize(model, (torch.randn(4, 256),), backend="cpu", models=["openai:gpt-4o"],
                          synth_settings=settings, bench_budget_s=0.3, progress=False)
-    assert len(server.requests) == 1
-    reasons = {m.name: m.reason for m in metal_accel.explain(model).modules}
-    assert "not synthesized: run cost budget reached" in reasons["b"] or \
-        "not synthesized: run cost budget reached" in reasons["a"], reasons
+    assert len(server.requests) == 1  # $0.001 reserved for the second: 0.0005 + 0.001 > 0.0014
+    reasons = " ".join(m.reason for m in metal_accel.explain(model).modules)
+    assert "run cost budget reached" in reasons, reasons
 
 
 def test_rejected_credentials_are_reported_without_the_key(llm, caplog, isolated_user_cache):

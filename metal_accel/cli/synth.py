@@ -88,30 +88,50 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print(f"metal-accel synth: no problems in {args.path}", file=sys.stderr)
         return 1
     kernels = 0
-    for pr in problems:
-        try:
-            model, inputs = pr.instantiate(backend.device_type)
-        except MetalAccelError as exc:
-            print(f"# {pr.name}: {exc}", file=sys.stderr)
-            continue
-        done = len(loop.records)
-        optimize(model, inputs, backend=backend.name, providers=[loop])
-        report = explain(model)
-        kernels += len(report.kernels)
-        records = loop.records[done:]
-        if args.json:
-            print(json.dumps({"problem": pr.name, "level": pr.level, "problem_id": pr.problem_id,
-                              "report": report.to_dict(), "synthesis": [r.to_dict() for r in records]}))
-        else:
-            print(f"# {pr.name} ({pr.origin})")
-            print(report.table())
-            for r in records:
-                print("  synth " + r.summary())
-            print()
-        restore(model)
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        for pr in problems:
+            if loop.interrupted:
+                break
+            try:
+                model, inputs = pr.instantiate(backend.device_type)
+            except MetalAccelError as exc:
+                print(f"# {pr.name}: {exc}", file=sys.stderr)
+                continue
+            done = len(loop.records)
+            try:
+                optimize(model, inputs, backend=backend.name, providers=[loop])
+                report = explain(model)
+            finally:
+                restore(model)
+            kernels += len(report.kernels)
+            records = loop.records[done:]
+            if args.json:
+                print(json.dumps({"problem": pr.name, "level": pr.level, "problem_id": pr.problem_id,
+                                  "report": report.to_dict(), "synthesis": [r.to_dict() for r in records]}))
+            else:
+                print(f"# {pr.name} ({pr.origin})")
+                print(report.table())
+                for r in records:
+                    print("  synth " + r.summary())
+                print()
+    except KeyboardInterrupt:
+        loop.interrupted = True
+    print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {loop.run_meter.summary()}", file=out)
+    return _exit_code(loop)
+
+
+def _exit_code(loop: Any) -> int:
+    """130 when interrupted (what was proven is cached), 1 when every LLM request failed, else 0."""
     meter = loop.run_meter
-    print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {meter.requests} requests, "
-          f"{meter.tokens} tokens, ${meter.cost_usd:.4f}, {meter.elapsed_s:.0f} s", file=sys.stderr if args.json else sys.stdout)
+    if loop.interrupted:
+        print(f"metal-accel synth: interrupted; kept what was proven so far (spent {meter.summary()})",
+              file=sys.stderr)
+        return 130
+    if meter.requests and meter.failed == meter.requests:
+        print(f"metal-accel synth: every LLM request failed ({meter.requests}); see the reasons above",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -122,8 +142,14 @@ def _synth_recorded(args: argparse.Namespace, loop: Any) -> int:
         print("metal-accel synth: nothing recorded yet; run your program once with METAL_ACCEL_RECORD=1",
               file=sys.stderr)
         return 1
-    for rec, result in synthesize_recorded([loop], top=args.top, backend=args.backend):
-        print(f"# {rec.class_path} {rec.input_spec.describe()}: {rec.calls} calls, {rec.mean_us:.1f} us each")
-        print(result if isinstance(result, str) else result.table())
-        print()
-    return 0
+    try:
+        for rec, result in synthesize_recorded([loop], top=args.top, backend=args.backend):
+            print(f"# {rec.class_path} {rec.input_spec.describe()}: {rec.calls} calls, {rec.mean_us:.1f} us each")
+            print(result if isinstance(result, str) else result.table())
+            print()
+            if loop.interrupted:
+                break
+    except KeyboardInterrupt:
+        loop.interrupted = True
+    print(f"metal-accel synth: {loop.run_meter.summary()}")
+    return _exit_code(loop)

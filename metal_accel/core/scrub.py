@@ -22,6 +22,8 @@ _SHAPES = re.compile(
     r"|(?:(?<=api_key=)[^&\s'\"]{6,})"
     r"|(?:(?<=://)[^/\s@'\"<>]+(?=@[^\s@]))"             # user:password@ (or a token@) in a URL
 )
+# ?token=..., &api_key=..., &sig=... in a URL: the value of any query parameter whose name says credential
+_QUERY = re.compile(r"([?&][\w.\-]*(?:token|key|secret|passw|auth|sig|credential)[\w.\-]*=)([^&#\s'\"]+)", re.I)
 _MIN_SECRET = 6
 _registered: set[str] = set()
 _lock = threading.Lock()
@@ -47,7 +49,7 @@ def scrub(text: object) -> str:
     for secret in _secrets():
         if secret in out:
             out = out.replace(secret, REDACTED)
-    return _SHAPES.sub(REDACTED, out)
+    return _QUERY.sub(lambda m: m.group(1) + REDACTED, _SHAPES.sub(REDACTED, out))
 
 
 def scrub_exception(exc: BaseException, limit: int = 600) -> str:

@@ -4,8 +4,10 @@ Keys are never passed in or read here except the one variable of OpenAI-compatib
 (METAL_ACCEL_COMPATIBLE_API_KEY): the SDKs resolve their own credentials (OPENAI_API_KEY,
 ANTHROPIC_API_KEY, their config files). The SDKs retry 429 (honouring retry-after), 408/409,
 5xx, connection errors and timeouts `sdk_max_retries` times; after they give up, `complete`
-retries a retryable failure `extra_retries` more times with exponential backoff. Every error
-message that leaves this module is scrubbed of credentials.
+retries a retryable failure `extra_retries` more times with exponential backoff, logging each
+retry. One request, all attempts together, ends by its deadline (`request_deadline_s`) or the
+caller's budget, whichever is first. Every error message that leaves this module is scrubbed of
+credentials.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import Any, Protocol
 
 from ..core.errors import MetalAccelError
 from ..core.scrub import register_secret, scrub_exception
+from . import logfilter
+from .answers import TRUNCATED_FINISH
 from .models import COMPATIBLE_KEY_ENV, ModelSpec, ProviderConfigError
 from .settings import SynthSettings
 
@@ -37,14 +41,25 @@ class Completion:
     latency_s: float
     estimated_tokens: bool = False   # the server reported no usage; tokens estimated from text length
     retries: int = 0                 # our own retries (the SDK's are not visible)
+    finish: str = ""                 # the finish reason the server gave ("stop", "length", "max_tokens", ...)
+    reasoning_tokens: int = 0        # of tokens_out, those spent reasoning (where the server says)
+    output_limit: int = 0            # the output-token limit the request was sent with
+
+    @property
+    def truncated(self) -> bool:
+        """The answer stopped at the output limit."""
+        return self.finish in TRUNCATED_FINISH
 
 
 class RequestFailed(MetalAccelError):
-    """A request failed for good. `fatal`: the model is unusable (credentials, unknown model)."""
+    """A request failed for good. `fatal`: the model is unusable (credentials, unknown model).
+    `billable`: it was abandoned after the server may have done the work (a timeout), so its
+    reservation is charged."""
 
-    def __init__(self, message: str, *, fatal: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False, billable: bool = False) -> None:
         super().__init__(message)
         self.fatal = fatal
+        self.billable = billable
 
 
 class ChatClient(Protocol):
@@ -76,11 +91,18 @@ def _build(spec: ModelSpec, settings: SynthSettings) -> Any:
             client = sdk.AsyncOpenAI(api_key=os.environ.get(COMPATIBLE_KEY_ENV) or "not-needed",
                                      base_url=spec.base_url, **common)
     except Exception as exc:  # the SDKs raise their base error class for missing credentials
-        hint = "set OPENAI_API_KEY" if spec.kind == "openai" else "check the SDK's configuration"
+        hint = {"openai": "set OPENAI_API_KEY",
+                "anthropic": "set ANTHROPIC_API_KEY or check the SDK's configuration"}.get(spec.kind,
+                                                                                           "check the SDK's configuration")
         raise ProviderConfigError(f"{spec.label}: cannot create the client ({hint}): {scrub_exception(exc)}") from None
     for attr in ("api_key", "auth_token"):
         value = getattr(client, attr, None)
         register_secret(value if isinstance(value, str) else None)
+    if spec.kind == "anthropic" and not any(getattr(client, a, None) for a in ("api_key", "auth_token", "credentials")):
+        # the SDK builds a client without credentials and fails only when a request is sent
+        raise ProviderConfigError(f"{spec.label}: no Anthropic credentials: set ANTHROPIC_API_KEY (or "
+                                  "ANTHROPIC_AUTH_TOKEN, or an SDK profile)")
+    logfilter.install()
     return client
 
 
@@ -110,58 +132,100 @@ class SDKChatClient:
             pass
 
     async def complete(self, system: str, messages: list[Message], *, deadline: float | None = None) -> Completion:
-        """Send one request; retry retryable failures with backoff until `deadline` (monotonic)."""
+        """Send one request; retry retryable failures with backoff. Everything (the SDK's attempts and
+        ours) ends by `deadline` (monotonic; the caller's budget) and by the request's own deadline
+        (`request_deadline_s` after the start), whichever comes first."""
+        start = time.monotonic()
+        own = start + self.settings.request_deadline_s
+        end = own if deadline is None else min(deadline, own)
         retries = 0
         while True:
             t0 = time.monotonic()
+            left = end - t0
+            if left <= 0:
+                raise self._out_of_time(own, end, billable=retries > 0)
             try:
-                coro = self._request(system, messages)
-                if deadline is not None:
-                    coro = asyncio.wait_for(coro, max(0.0, deadline - t0))
-                text, t_in, t_out, estimated = await coro
+                comp = await asyncio.wait_for(self._request(system, messages, min(self.settings.request_timeout_s,
+                                                                                    left)), left)
             except asyncio.TimeoutError:
-                raise RequestFailed("out of time budget while waiting for an answer") from None
+                raise self._out_of_time(own, end, billable=True) from None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 kind = self._classify(exc)
                 what = scrub_exception(exc)
+                billable = self._is_timeout(exc)  # the server may have done (and billed) the work
                 if kind == "fatal":
                     raise RequestFailed(what, fatal=True) from None
                 if kind == "fail" or retries >= self.settings.extra_retries:
-                    raise RequestFailed(what + (f" (after {retries} extra retries)" if retries else "")) from None
+                    raise RequestFailed(what + (f" (after {retries} extra retries)" if retries else ""),
+                                        billable=billable) from None
                 delay = self._backoff(exc, retries)
-                if deadline is not None and time.monotonic() + delay >= deadline:
-                    raise RequestFailed(f"{what} (no time budget left to retry)") from None
+                if time.monotonic() + delay >= end:
+                    raise RequestFailed(f"{what} (no time left to retry)", billable=billable) from None
                 retries += 1
-                log.info("metal_accel: %s: %s; retry %d in %.1f s", self.spec.label, what, retries, delay)
+                log.info("metal_accel: %s: %s; retry %d of %d in %.1f s", self.spec.label, what, retries,
+                         self.settings.extra_retries, delay)
                 await asyncio.sleep(delay)
                 continue
-            return Completion(text, t_in, t_out, time.monotonic() - t0, estimated, retries)
+            comp.latency_s, comp.retries = time.monotonic() - t0, retries
+            return comp
 
-    async def _request(self, system: str, messages: list[Message]) -> tuple[str, int, int, bool]:
-        s = self.settings
-        extra = {"temperature": s.temperature} if s.temperature is not None else {}
+    def _out_of_time(self, own: float, end: float, *, billable: bool) -> RequestFailed:
+        if end < own:
+            return RequestFailed("out of time budget while waiting for an answer", billable=billable)
+        return RequestFailed(f"no answer within the request deadline ({self.settings.request_deadline_s:g} s, all "
+                             "attempts together)", billable=billable)
+
+    def _is_timeout(self, exc: Exception) -> bool:
+        return isinstance(exc, getattr(self._sdk, "APITimeoutError", ())) or isinstance(exc, TimeoutError)
+
+    def request_args(self, system: str, messages: list[Message]) -> dict[str, Any]:
+        """The keyword arguments of the SDK call (no credentials: those live in the SDK client)."""
+        s, spec = self.settings, self.spec
+        reasons = s.reasons(spec.kind, spec.model)
+        limit = s.output_budget(spec.kind, spec.model)
+        extra: dict[str, Any] = {}
+        if s.temperature is not None and not reasons:  # reasoning models and thinking take only the default
+            extra["temperature"] = s.temperature
+        if spec.kind == "anthropic":
+            if reasons and s.thinking == "enabled":
+                extra["thinking"] = {"type": "enabled", "budget_tokens": s.reasoning_tokens}
+            elif reasons and s.thinking == "adaptive":
+                extra["thinking"] = {"type": "adaptive"}
+            return {"model": spec.model, "max_tokens": limit, "system": system, "messages": messages, **extra}
+        if reasons and s.reasoning_effort and spec.kind == "openai":
+            extra["reasoning_effort"] = s.reasoning_effort
+        key = "max_completion_tokens" if spec.kind == "openai" else "max_tokens"
+        return {"model": spec.model, "messages": [{"role": "system", "content": system}, *messages], key: limit,
+                **extra}
+
+    async def _request(self, system: str, messages: list[Message], timeout: float) -> Completion:
+        args = {**self.request_args(system, messages), "timeout": timeout}
+        reasoning = 0
         if self.spec.kind == "anthropic":
-            resp = await self._client.messages.create(model=self.spec.model, max_tokens=s.max_output_tokens,
-                                                      system=system, messages=messages, **extra)
+            resp = await self._client.messages.create(**args)
             text = "".join(getattr(b, "text", "") for b in resp.content if getattr(b, "type", "") == "text")
+            finish = getattr(resp, "stop_reason", None) or ""
             usage = getattr(resp, "usage", None)
             t_in = getattr(usage, "input_tokens", None)
             t_out = getattr(usage, "output_tokens", None)
         else:
-            limit = "max_completion_tokens" if self.spec.kind == "openai" else "max_tokens"
-            resp = await self._client.chat.completions.create(
-                model=self.spec.model, messages=[{"role": "system", "content": system}, *messages],
-                **{limit: s.max_output_tokens}, **extra)
-            text = (resp.choices[0].message.content or "") if resp.choices else ""
+            resp = await self._client.chat.completions.create(**args)
+            choice = resp.choices[0] if resp.choices else None
+            text = (choice.message.content or "") if choice is not None and choice.message is not None else ""
+            finish = (getattr(choice, "finish_reason", None) or "") if choice is not None else ""
             usage = getattr(resp, "usage", None)
             t_in = getattr(usage, "prompt_tokens", None)
             t_out = getattr(usage, "completion_tokens", None)
+            details = getattr(usage, "completion_tokens_details", None)
+            reasoning = int(getattr(details, "reasoning_tokens", None) or 0)
+        limit = int(args.get("max_tokens") or args.get("max_completion_tokens") or 0)
         if t_in is None or t_out is None:  # some compatible servers report no usage
             sent = len(system) + sum(len(m["content"]) for m in messages)
-            return text, sent // 4, len(text) // 4, True
-        return text, int(t_in), int(t_out), False
+            return Completion(text, sent // 4, len(text) // 4, 0.0, True, finish=str(finish), output_limit=limit)
+        return Completion(text, int(t_in), int(t_out), 0.0, False, finish=str(finish), reasoning_tokens=reasoning,
+                          output_limit=limit)
 
     def _classify(self, exc: Exception) -> str:
         """'retry' (rate limit, timeout, connection, 5xx), 'fatal' (credentials, unknown model) or 'fail'."""

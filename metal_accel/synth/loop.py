@@ -14,7 +14,7 @@ from ..core.keys import entry_key
 from ..core.provider import Evaluate, Evaluation, SynthesisRequest
 from ..core.specs import TensorSpec
 from .bridge import run_with_evaluator
-from .budget import Budget, Meter
+from .budget import Budget, Meter, UnknownPriceError, price_of
 from .clients import check_configured, make_client
 from .context import find_references, profile_breakdown
 from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
@@ -43,6 +43,8 @@ class SynthesisLoop:
     module and over the loop's lifetime (one optimize() run when optimize builds it).
 
     `records` keeps one ModuleRecord per synthesized module (attempts, time split, concurrency).
+    Ctrl-C during a module's synthesis returns what was evaluated so far (the pipeline installs and
+    caches the best) and sets `interrupted`: later modules are not synthesized.
     """
 
     def __init__(self, models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
@@ -51,16 +53,18 @@ class SynthesisLoop:
         self.models = resolve_models(models)
         self.name = "llm:" + ",".join(m.label for m in self.models) if self.models else "llm"
         self.client_factory: ClientFactory = client_factory or make_client
-        self.dead: dict[ModelSpec, str] = {}  # model -> why it is unusable (credentials, unknown model)
-        if client_factory is None:
-            for m in self.models:
-                try:
+        self.dead: dict[ModelSpec, str] = {}  # model -> why it is unusable (credentials, unknown model or price)
+        for m in self.models:  # configuration is checked before any work: nothing is profiled or sent yet
+            try:
+                price_of(m.model, self.settings.prices, base_url=m.base_url)
+                if client_factory is None:
                     check_configured(m, self.settings)
-                except ProviderConfigError as exc:
-                    self.dead[m] = str(exc)
-                    log.warning("metal_accel: %s", exc)
+            except ProviderConfigError as exc:
+                self.dead[m] = f"{m.label}: {exc}" if isinstance(exc, UnknownPriceError) else str(exc)
+                log.warning("metal_accel: %s", self.dead[m])
         self.run_meter = Meter("run", self.settings.run_limits)
         self.records: list[ModuleRecord] = []
+        self.interrupted = False  # Ctrl-C during synthesis: what was evaluated is kept, nothing more is asked
         self._done: dict[str, str] = {}  # entry key -> summary of its synthesis in this loop's lifetime
 
     @property
@@ -79,6 +83,8 @@ class SynthesisLoop:
         problem = self.configuration_error
         if problem:
             raise ProviderConfigError(problem)
+        if self.interrupted:
+            raise SynthesisError("not synthesized: synthesis was interrupted (Ctrl-C)")
         why = self.run_meter.exceeded()
         if why:
             raise SynthesisError(f"not synthesized: {why}")
@@ -93,6 +99,8 @@ class SynthesisLoop:
         session = ModuleSession(request, prompt, models, s, Budget(Meter("module", s.module_limits), self.run_meter),
                                 record, self.client_factory, self.dead)
 
+        done: list[Evaluation] = []
+
         def timed(cand: Candidate) -> Evaluation:
             t0 = time.monotonic()
             session.inflight.set_evaluating(True)
@@ -101,21 +109,30 @@ class SynthesisLoop:
             finally:
                 session.inflight.set_evaluating(False)
             record.add_evaluation(ev, time.monotonic() - t0)
+            done.append(ev)
             return ev
 
-        _, evaluations = run_with_evaluator(session.run, timed)
-        record.wall_s = time.monotonic() - start
-        record.llm_busy_s, record.concurrency = session.inflight.busy_s, session.inflight.average
-        record.peak_in_flight, record.overlap_s = session.inflight.peak, session.inflight.overlap_s
-        if not record.stop_reason and models and all(m in self.dead for m in models):
-            record.stop_reason = "no usable model left: " + "; ".join(self.dead[m] for m in models)
-        totals = record.totals()
-        for ev in evaluations:
-            provenance = {**session.provenance.get(ev.candidate.digest, {}), "module": totals}
-            ev.verdict.details = {**ev.verdict.details, "provenance": provenance}
-        self.records.append(record)
-        self._done[key] = record.summary()
-        log.info("metal_accel: synth %s", record.summary())
+        try:
+            run_with_evaluator(session.run, timed)
+        except KeyboardInterrupt:  # keep what was proven; no more synthesis in this loop's lifetime
+            self.interrupted = True
+            record.stop_reason = record.stop_reason or "interrupted (Ctrl-C)"
+            log.warning("metal_accel: synthesis interrupted: %d evaluated candidate(s) of %s kept; no more "
+                        "synthesis in this run (Ctrl-C again stops it)", len(done), request.class_name)
+        finally:  # whatever happened (a failure, Ctrl-C), what was spent and evaluated is recorded
+            evaluations = list(done)
+            record.wall_s = time.monotonic() - start
+            record.llm_busy_s, record.concurrency = session.inflight.busy_s, session.inflight.average
+            record.peak_in_flight, record.overlap_s = session.inflight.peak, session.inflight.overlap_s
+            if not record.stop_reason and models and all(m in self.dead for m in models):
+                record.stop_reason = "no usable model left: " + "; ".join(self.dead[m] for m in models)
+            totals = record.totals()
+            for ev in evaluations:
+                provenance = {**session.provenance.get(ev.candidate.digest, {}), "module": totals}
+                ev.verdict.details = {**ev.verdict.details, "provenance": provenance}
+            self.records.append(record)
+            self._done[key] = record.summary()
+            log.info("metal_accel: synth %s", record.summary())
         if not evaluations:
             raise SynthesisError(self._nothing_to_evaluate(record))
         return evaluations

@@ -265,6 +265,22 @@ def feedback_malformed(error: object) -> str:
             '```python block that defines SOURCE = r"""...""" and def forward(module, ...).')
 
 
+def feedback_truncated(limit: int, reasoning_tokens: int = 0) -> str:
+    """The previous answer hit the output limit before its code block was complete."""
+    spent = f" ({reasoning_tokens} of them on reasoning)" if reasoning_tokens else ""
+    cap = f" of {limit} tokens{spent}" if limit else ""
+    return (f"Your answer was cut off at the output limit{cap} before its code block was complete, so nothing "
+            "could be evaluated. Reply again with a shorter answer: one complete ```python block defining SOURCE "
+            "and forward, little prose before it, and less reasoning.")
+
+
+def feedback_empty(kind: str) -> str:
+    """The previous reply held no answer at all ('empty') or only a thinking section ('thinking-only')."""
+    what = "held only a thinking section" if kind == "thinking-only" else "was empty"
+    return (f"Your previous reply {what}: no code was received. Reply with one ```python block that defines "
+            'SOURCE = r"""...""" and def forward(module, ...).')
+
+
 def _best_line(best: Best | None, this_origin: str) -> str:
     if best is None:
         return "No candidate has been accepted yet."

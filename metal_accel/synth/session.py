@@ -8,21 +8,25 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from ..core.candidate import Candidate, parse_candidate
+from ..core.candidate import Candidate
 from ..core.errors import CandidateFormatError
 from ..core.provider import Evaluation, SynthesisRequest
 from ..core.redact import redact
 from ..core.scrub import scrub
+from .answers import AnswerProblem, read_answer
 from .bridge import AsyncEvaluate
-from .budget import Budget, cost_of
-from .clients import ChatClient, Message, RequestFailed
+from .budget import Budget, Reservation, cost_of
+from .clients import ChatClient, Completion, Message, RequestFailed
 from .models import ModelSpec, ProviderConfigError
-from .prompts import Best, Prompt, feedback_for, feedback_malformed
+from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
 from .settings import SynthSettings
 from .stats import Attempt, InFlight, ModuleRecord
 
 log = logging.getLogger(__name__)
 ClientFactory = Callable[[ModelSpec, SynthSettings], ChatClient]
+HEARTBEAT_S = 30.0  # a log line this often while answers are awaited
+_PROBLEM_LABELS = {"empty": "empty answer", "thinking-only": "empty answer", "truncated": "truncated answer",
+                   "malformed": "malformed answer"}
 
 
 class ModuleSession:
@@ -49,6 +53,7 @@ class ModuleSession:
         self._submit: AsyncEvaluate | None = None
         self._sem: asyncio.Semaphore | None = None
         self._bar: tqdm | None = None
+        self._settled = asyncio.Event()  # set (and replaced) whenever a request settles its reservation
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
@@ -63,6 +68,7 @@ class ModuleSession:
         total = len(clients) * s.samples * (s.repair_rounds + 1)
         self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
                          disable=None if s.progress is None else not s.progress)
+        beat = asyncio.create_task(self._heartbeat())
         try:
             tasks = [asyncio.create_task(self._sample(c, m, i)) for m, c in clients.items() for i in range(s.samples)]
             if tasks:
@@ -77,10 +83,29 @@ class ModuleSession:
                         log.warning("metal_accel: synth %s: a conversation failed: %s", self.request.class_name,
                                     scrub(t.exception()))
         finally:
+            beat.cancel()
             for c in clients.values():
                 await c.close()
             self._bar.total = self._bar.n
             self._bar.close()
+
+    async def _heartbeat(self) -> None:
+        """While answers are awaited: the bar shows the wait each second; a log line every `HEARTBEAT_S`."""
+        started = time.monotonic()
+        last_log = started
+        while True:
+            await asyncio.sleep(1.0)
+            n = self.inflight.n
+            if not n:
+                continue
+            waited = time.monotonic() - started
+            if self._bar is not None:
+                self._bar.set_postfix_str(f"waiting for {n} answer{'s' if n != 1 else ''}, {waited:.0f} s, "
+                                          f"${self.record.cost_usd:.3f}", refresh=True)
+            if time.monotonic() - last_log >= HEARTBEAT_S:
+                last_log = time.monotonic()
+                log.info("metal_accel: synth %s: waiting for %d answer%s (%.0f s so far, %d answers received)",
+                         self.request.class_name, n, "s" if n != 1 else "", waited, len(self.record.attempts))
 
     def _stop(self, reason: str) -> None:
         if reason and not self.record.stop_reason:
@@ -91,34 +116,89 @@ class ModuleSession:
         left = self.budget.remaining_s()
         return None if left is None else time.monotonic() + left
 
-    async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt, messages: list[Message]) -> str | None:
-        """One request under the concurrency bound and the budget; None when the conversation must end."""
-        assert self._sem is not None
-        async with self._sem:
-            why = self.budget.exceeded()
-            if why or model in self.dead:
+    def _worst_case(self, model: ModelSpec, messages: list[Message]) -> tuple[int, int, float]:
+        """(input tokens, output tokens, USD) a request may cost at most: its text at 3 characters a
+        token (code runs 3 to 4), its whole output budget, at the model's price."""
+        chars = len(self.prompt.system) + sum(len(m["content"]) for m in messages)
+        t_in, t_out = -(-chars // 3), self.settings.output_budget(model.kind, model.model)
+        return t_in, t_out, cost_of(model.model, t_in, t_out, self.settings.prices, base_url=model.base_url)
+
+    async def _reserve(self, model: ModelSpec, messages: list[Message]) -> Reservation | None:
+        """Reserve the request's worst case on the budget; wait while it would fit once the requests in
+        flight settle; None (and the session stops) when it cannot fit."""
+        t_in, t_out, cost = self._worst_case(model, messages)
+        while True:
+            res, why, later = self.budget.reserve(t_in + t_out, cost)
+            if res is not None:
+                return res
+            if not later or self.inflight.n == 0:
                 self._stop(why)
                 return None
+            await self._settled.wait()
+
+    def _settle(self, res: Reservation, t_in: int, t_out: int, cost: float, *, failed: bool = False) -> None:
+        self.budget.settle(res, t_in, t_out, cost, failed=failed)
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+    async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
+                   messages: list[Message]) -> Completion | None:
+        """One request under the concurrency bound, its worst case reserved on the budget first; None
+        when the conversation must end."""
+        assert self._sem is not None
+        async with self._sem:
+            if model in self.dead:
+                return None
+            res = await self._reserve(model, messages)
+            if res is None:
+                return None
             self.inflight.enter()
+            log.info("metal_accel: synth %s: %s: request sent (%d messages, up to %d output tokens, $%.4f reserved)",
+                     self.request.class_name, attempt.tag, len(messages),
+                     self.settings.output_budget(model.kind, model.model), res.cost_usd)
             try:
                 comp = await client.complete(self.prompt.system, messages, deadline=self._deadline())
             except RequestFailed as exc:
+                self._charge_abandoned(res, model, messages, attempt, billable=exc.billable)
                 attempt.outcome = f"request failed: {exc}"
                 self._note(attempt)
                 if exc.fatal:
                     self.dead.setdefault(model, f"{model.label}: {exc}")
                 return None
+            except asyncio.CancelledError:  # the module's time is up: the server may still bill the request
+                self._charge_abandoned(res, model, messages, attempt, billable=True)
+                attempt.outcome = "request cancelled: " + (self.record.stop_reason or "stopped")
+                self._note(attempt)
+                raise
             finally:
                 self.inflight.exit()
         attempt.tokens_in, attempt.tokens_out = comp.tokens_in, comp.tokens_out
-        attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices)
+        attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices,
+                                   base_url=model.base_url)
         attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
-        self.budget.charge(comp.tokens_in, comp.tokens_out, attempt.cost_usd)
-        return comp.text
+        self._settle(res, comp.tokens_in, comp.tokens_out, attempt.cost_usd)
+        return comp
+
+    def _charge_abandoned(self, res: Reservation, model: ModelSpec, messages: list[Message], attempt: Attempt, *,
+                          billable: bool) -> None:
+        """Settle a request that brought no answer: free if the server refused it, else (a timeout, a
+        cancel) its worst case, marked estimated, since the provider may bill the work it did."""
+        if billable:
+            t_in, t_out, cost = self._worst_case(model, messages)
+            attempt.tokens_in, attempt.tokens_out, attempt.cost_usd = t_in, t_out, cost
+            attempt.estimated_tokens = True
+        self._settle(res, attempt.tokens_in, attempt.tokens_out, attempt.cost_usd, failed=True)
 
     async def _sample(self, client: ChatClient, model: ModelSpec, sample: int) -> None:
         """One conversation: answer, verdict, repaired answer, ... ."""
         messages: list[Message] = [{"role": "user", "content": self.prompt.user}]
+        user_base = self.prompt.user  # the last user turn without the note about an unusable reply
+
+        def reply(answer: str, feedback: str) -> None:
+            nonlocal user_base
+            user_base = feedback
+            messages.extend([{"role": "assistant", "content": answer}, {"role": "user", "content": feedback}])
+
         for rnd in range(self.settings.repair_rounds + 1):
             attempt = Attempt(model.label, sample, rnd)
             if model in self.dead:
@@ -127,16 +207,25 @@ class ModuleSession:
             if why:
                 self._stop(why)
                 return
-            text = await self._ask(client, model, attempt, messages)
-            if text is None:
+            comp = await self._ask(client, model, attempt, messages)
+            if comp is None:
                 return
-            messages.append({"role": "assistant", "content": text})
             try:
-                cand = parse_candidate(text, self.request.backend, origin=attempt.tag)
+                cand = read_answer(comp.text, self.request.backend, origin=attempt.tag, truncated=comp.truncated)
+            except AnswerProblem as exc:
+                attempt.outcome = f"{_PROBLEM_LABELS[exc.kind]}: {exc}"
+                self._note(attempt)
+                if exc.kind == "malformed":
+                    reply(comp.text, feedback_malformed(exc))
+                else:  # nothing to show back (never an empty or cut-off assistant turn): say so in the user turn
+                    note = feedback_truncated(comp.output_limit, comp.reasoning_tokens) if exc.kind == "truncated" \
+                        else feedback_empty(exc.kind)
+                    messages[-1] = {"role": "user", "content": f"{user_base}\n\n{note}"}
+                continue
             except CandidateFormatError as exc:
                 attempt.outcome = f"malformed answer: {exc}"
                 self._note(attempt)
-                messages.append({"role": "user", "content": redact(feedback_malformed(exc))})
+                reply(comp.text, redact(feedback_malformed(exc)))
                 continue
             attempt.digest = cand.digest
             try:
@@ -152,7 +241,7 @@ class ModuleSession:
             if ev.verdict.accepted:
                 return
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
-            messages.append({"role": "user", "content": redact(feedback_for(ev, self.best, duplicate=duplicate))})
+            reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))
 
     async def _evaluate(self, cand: Candidate, attempt: Attempt) -> tuple[Evaluation, bool]:
         """Evaluate once per distinct candidate; a repeat waits for (or reuses) the first verdict."""
