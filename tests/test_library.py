@@ -155,3 +155,51 @@ def test_library_sources_are_trusted_like_shipped_kernels(fixture_kernels, monke
         assert not native_policy.is_trusted(source + "\n// changed")
     finally:
         library_provider.library_sources.cache_clear()
+
+
+IMPORT_ALONE = """
+import json, sys, torch
+from pathlib import Path
+import metal_accel                                  # patches the library's known classes as they are imported
+import metal_accel.library.provider as provider
+provider.KERNELS = Path({kernels!r})                # the test's kernel files in place of the shipped ones
+provider.kernel_file.cache_clear(); provider.library_sources.cache_clear()
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+import metal_accel.auto.hook as hook
+m = LlamaRMSNorm(512).eval()
+with torch.no_grad():
+    m.weight.normal_()
+x = torch.randn(8, 512)
+with torch.inference_mode():
+    ys = [m(x) for _ in range(3)]
+auto = m.__dict__.get("_metal_accel_auto")
+patched = [c.__name__ for c in hook.patched_classes()]
+hook.deactivate()
+with torch.inference_mode():
+    ref = m(x)
+print(json.dumps({{"hits": auto.hits if auto else 0, "patched": patched,
+                  "max_err": max(((y - ref).abs() / (ref.abs() + 1)).max().item() for y in ys)}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_import_alone_runs_library_kernels_on_known_classes(fixture_kernels, isolated_user_cache):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from limits import HANG_S
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_LIBRARY": "1"}
+    script = IMPORT_ALONE.format(kernels=str(fixture_kernels))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "LlamaRMSNorm" in res["patched"]
+    assert res["hits"] == 3, out.stderr  # proven at the first call, then run from the table
+    assert res["max_err"] < 1e-5
+    # the proof's verdict is in the user cache: a new process runs the kernel without proving it again
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert again.returncode == 0 and "proving" not in again.stderr, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == 3

@@ -55,20 +55,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "gelu": F.gelu,
+    "gelu_new": gelu_tanh,  # the tanh approximation written out (T5's gated-gelu): same math, eager's own ops
+    "relu": F.relu,
 }
 
 
 def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
               act: str) -> torch.Tensor:
     return F.linear(ACTIVATIONS[act](F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -80,6 +82,11 @@ def gpt2_mlp(x: torch.Tensor, fc_weight: torch.Tensor, fc_bias: torch.Tensor, pr
     h = torch.addmm(fc_bias, x.view(-1, x.shape[-1]), fc_weight).view(*x.shape[:-1], -1)
     h = gelu_tanh(h)
     return torch.addmm(proj_bias, h.view(-1, h.shape[-1]), proj_weight).view(*x.shape[:-1], -1)
+
+
+def mlp(x: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor, fc2_weight: torch.Tensor,
+        fc2_bias: torch.Tensor, act: str) -> torch.Tensor:
+    return F.linear(ACTIVATIONS[act](F.linear(x, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
 
 
 # -- bindings -----------------------------------------------------------------------------------------------
@@ -135,15 +142,31 @@ def _gpt2_mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> I
                 yield ("tensor", fc_w), ("tensor", fc_b), ("tensor", proj_w), ("tensor", proj_b)
 
 
+def _mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    mats = [p for p, t in tensors.items() if t.dim() == 2]
+    vecs = [p for p, t in tensors.items() if t.dim() == 1]
+    if len(tensors) != 4 or len(mats) != 2 or len(vecs) != 2:
+        return
+    for w1, w2 in itertools.permutations(mats):
+        for b1, b2 in itertools.permutations(vecs):
+            a, b = tensors[w1], tensors[w2]
+            if a.shape == (b.shape[1], b.shape[0]) and tensors[b1].shape[0] == a.shape[0] \
+                    and tensors[b2].shape[0] == b.shape[0]:
+                for act in ACTIVATIONS:
+                    yield ("tensor", w1), ("tensor", b1), ("tensor", w2), ("tensor", b2), ("literal", act)
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("rms_norm", "RMSNorm computed in float32, weight applied in the input's dtype (Llama, Qwen2, Mistral)",
            rms_norm, _rms_norm_bindings),
-    Family("gated_mlp", "down(act(gate(x)) * up(x)) without biases, act SiLU or GELU (Llama, Qwen2, Mistral MLPs)",
+    Family("gated_mlp", "down(act(gate(x)) * up(x)) without biases, act SiLU or GELU (Llama, Qwen2, Mistral MLPs; T5 gated-gelu)",
            gated_mlp, _gated_mlp_bindings),
     Family("gelu_tanh", "GELU, tanh approximation written out (GPT-2's NewGELUActivation)", gelu_tanh,
            _gelu_tanh_bindings),
     Family("gpt2_mlp", "GEMM + bias, GELU (tanh), GEMM + bias with [in, out] weights (GPT-2's MLP)", gpt2_mlp,
            _gpt2_mlp_bindings),
+    Family("mlp", "Linear, activation (GELU, tanh GELU, ReLU, SiLU), Linear, with biases (ViT, CLIP, timm Mlp)",
+           mlp, _mlp_bindings),
     Family("linear_gelu", "Linear then GELU (BERT's and ViT's intermediate layers)", linear_gelu,
            _linear_gelu_bindings),
 )}

@@ -20,6 +20,7 @@ from torch import nn
 from ..core.keys import class_path, module_config
 from ..runtime.dispatch import eager_forward, eager_only
 from .families import FAMILIES, Arg, Family, module_tensors
+from .known import learn
 from .trace import TraceError, canonical_trace, forget_roles, role_map
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def _find(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) 
         for fam, binding in candidates:
             if _reference_text(fam, binding, module, x, tensors, roles) == mine:
                 log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
+                learn(class_path(type(module)), fam.name)
                 return Match(fam.name, binding)
         return None
     finally:

@@ -11,9 +11,11 @@ target shape taken from its result, and the arguments of commutative ops sorted.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -34,11 +36,26 @@ def canonical_trace(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
                     roles: dict[int, str] | None = None) -> str:
     """FN(*INPUTS) traced and written canonically. ROLES: id(tensor) -> name, for tensors FN closes over
     (a module's parameters), so they read as their role rather than as anonymous constants."""
-    try:
-        gm = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*inputs)
+    try:  # fresh tensors of the inputs' layout, outside inference mode and autograd: only their specs matter
+        with torch.inference_mode(False), torch.no_grad(), _quiet_fake_tensors():
+            fresh = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in inputs]
+            gm = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*fresh)
     except Exception as exc:  # any failure means: no canonical form, so no match
         raise TraceError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
     return _canonical(gm, roles or {})
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors() -> Iterator[None]:
+    """A binding that does not fit fails inside the fake-tensor kernels, which log the traceback as an
+    error before raising; here a failed trace is an answer (no match), not something to show the user."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _canonical(gm: torch.fx.GraphModule, roles: dict[int, str]) -> str:
