@@ -172,6 +172,7 @@ with torch.no_grad():
 x = torch.randn(8, 512)
 with torch.inference_mode():
     ys = [m(x) for _ in range(3)]
+    other = m(torch.randn(3, 512))  # another number of rows: the proof swept rows, so no new proof
 auto = m.__dict__.get("_metal_accel_auto")
 patched = [c.__name__ for c in hook.patched_classes()]
 hook.deactivate()
@@ -197,9 +198,34 @@ def test_import_alone_runs_library_kernels_on_known_classes(fixture_kernels, iso
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert "LlamaRMSNorm" in res["patched"]
-    assert res["hits"] == 3, out.stderr  # proven at the first call, then run from the table
+    assert res["hits"] == 4, out.stderr  # proven at the first call, then run from the table
+    assert out.stderr.count("proving the library's") == 1, out.stderr
     assert res["max_err"] < 1e-5
     # the proof's verdict is in the user cache: a new process runs the kernel without proving it again
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert again.returncode == 0 and "proving" not in again.stderr, again.stderr
-    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == 3
+    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == 4
+
+
+@pytest.mark.needs_cxx
+def test_one_proof_serves_every_leading_shape(fixture_kernels):
+    """The proof sweeps other leading dimensions (one row, an odd count); then a new batch or a decode step's
+    shape installs the kernel without a new proof."""
+    model = nn.Sequential(LlamaRMSNorm(96)).eval()
+    with torch.inference_mode():
+        metal_accel.optimize(model, (torch.randn(2, 7, 96),), backend="cpu", margin=-0.9, end_to_end=False)
+    first = next(m for m in metal_accel.explain(model).modules if m.name == "0")
+    assert first.status == "kernel" and first.source == "library:rms_norm"
+    from metal_accel.store import cache as cache_mod
+    entries = [e for e in cache_mod.user_cache().entries("cpu") if e.candidate is not None]
+    swept = [v.details.get("sweep", {}).get("shapes") for e in entries for v in e.verdicts.values()]
+    assert [[1, 1, 96], [2, 15, 96]] in swept
+    for shape in ((1, 1, 96), (5, 3, 96)):
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            want = model[0](x)
+            metal_accel.optimize(model, (x,), backend="cpu", margin=-0.9, end_to_end=False)
+            got = model(x)
+        row = next(m for m in metal_accel.explain(model).modules if m.name == "0")
+        assert row.status == "kernel" and "shape-generic, proven at 2x7x96" in row.source, row.source
+        torch.testing.assert_close(got, want)

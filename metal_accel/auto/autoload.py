@@ -1,6 +1,7 @@
 """Find (and if needed prove) the cached kernel for one live module call, for auto-instrumentation."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -12,12 +13,12 @@ from ..core.errors import MetalAccelError
 from ..backends.base import Backend
 from ..core import config
 from ..core.candidate import parse_candidate
-from ..core.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from ..core.keys import class_path, class_source_sha, entry_key, generic_key, module_fingerprint
 from ..core.provider import SynthesisRequest
 from ..core.specs import InputSpec, OutputSpec, UnsupportedCall
 from ..library.provider import LibraryProvider
 from ..runtime.dispatch import eager_forward, eager_only
-from ..proof.prove import ProofSettings
+from ..proof.prove import ProofSettings, declared_shape_generic
 from ..runtime.capture import ModuleCall
 from ..runtime.model_state import StateGuard
 from ..runtime.ops import KernelOp
@@ -48,6 +49,16 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
         return None
     key = entry_key(fingerprint, spec, backend.name)
     entry = cache_mod.lookup(backend.name, key)
+    if entry is None:
+        generic = generic_key(fingerprint, spec, backend.name)
+        entry = cache_mod.lookup(backend.name, generic) if generic else None
+        if entry is not None and entry.candidate is not None \
+                and declared_shape_generic(entry.candidate.code) == "rows":
+            with torch.inference_mode(), eager_only():  # the op is made for this call's own shapes
+                entry = dataclasses.replace(entry, input_spec=spec,
+                                            output_spec=OutputSpec.of(eager_forward(module)(*args, **kwargs)))
+        else:
+            entry = None
     if entry is None and prove_here and config.current().library:
         return _library_kernel(module, args, kwargs, spec, fingerprint, key, backend)
     if entry is None or entry.candidate is None or entry.output_spec is None:
@@ -112,6 +123,10 @@ def _library_kernel(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpe
                        [{"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason}],
                        class_source_sha=class_source_sha(type(module)))
     entry.verdicts[backend.environment().id] = ev.verdict
+    generic = generic_key(fingerprint, spec, backend.name)
+    if ev.verdict.accepted and generic:  # every other shape of this input finds it there (the proof swept some)
+        cache_mod.user_cache().put(dataclasses.replace(entry, key=generic,
+                                                       verdicts={k: dataclasses.replace(v) for k, v in entry.verdicts.items()}))
     cache_mod.user_cache().put(entry)
     if ev.verdict.accepted:
         log.info("metal_accel: %s %s runs the library's %s kernel (%s)", class_path(type(module)),

@@ -36,7 +36,8 @@ class Match:
         parts = ["x"]
         for kind, value in self.arguments:
             parts.append(f"module.{value}" if kind in ("tensor", "attr") else repr(value))
-        return f"\n\ndef forward(module, x):\n    return {self.family}({', '.join(parts)})\n"
+        return ("\n\nSHAPE_GENERIC = \"rows\"  # any leading dimensions of x: proven on several, one verdict for all\n"
+                f"\n\ndef forward(module, x):\n    return {self.family}({', '.join(parts)})\n")
 
 
 _memo: dict[str, Match | None] = {}
