@@ -93,3 +93,26 @@ def test_a_module_chosen_for_two_signatures_is_one_member_of_its_group():
                               workload=decode)
     assert result is not None and result.dropped == ["Sequential: kernel"], result
     assert dispatcher_of(model.mlp) is None and all(r.reason == DROPPED for r in report.modules)
+
+
+class SlowMLP(nn.Sequential):
+    """An MLP whose eager forward wastes time: a replacement that skips the waste makes decode faster."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return slow(x, nn.Sequential(*self))
+
+
+def test_a_choice_that_speeds_the_workload_up_is_kept():
+    """The workload's eager contender runs the workload too (not the example call): a decode-step choice that
+    makes decode faster survives the stage."""
+    model = Decoder()
+    model.mlp = SlowMLP(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    model.eval()
+    install(model.mlp, call_signature((torch.randn(1, 1, 8),), {}), Op(lambda t: nn.Sequential(*model.mlp)(t)))
+    report = OptimizeReport("cpu", "test")
+    report.modules = [ModuleReport("mlp", "test_workload.SlowMLP", "float32[1,1,8]", "kernel", "proven alone")]
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              workload=decode)
+    assert result is not None and result.workload is not None, result
+    assert result.workload["speedup"] > 1.5 and not result.dropped, result
+    assert dispatcher_of(model.mlp) is not None

@@ -356,11 +356,12 @@ def backend_timer(backend: Backend) -> Any:
 def declared_shape_generic(code: str) -> Any:
     """The candidate's top-level `SHAPE_GENERIC = ...` value: True (any batch size), "rows" (any leading
     dimensions of its one input: the kernel library's), or None."""
-    for node in ast.parse(code).body:
+    value = None
+    for node in ast.parse(code).body:  # the last assignment is the one in force (the library's glue comes last)
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SHAPE_GENERIC"
                                                 for t in node.targets):
-            return node.value.value if isinstance(node.value, ast.Constant) else None
-    return None
+            value = node.value.value if isinstance(node.value, ast.Constant) else None
+    return value
 
 
 def declares_shape_generic(code: str) -> bool:
