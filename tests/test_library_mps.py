@@ -1,0 +1,167 @@
+"""The shipped library's Metal kernels (metal_accel/library/kernels/mps/<family>.py), proven through the real
+pipeline on the MSL emulator for the real transformers classes: each kernel file plus the glue the library
+appends is a `dir:` candidate for the class, and optimize(backend="mps-emu") must accept it at every shape
+and dtype tried (1 row, several, odd widths, non-contiguous inputs; fp32, fp16, bf16), and must reject a
+deliberately broken variant. Only correctness is asserted: emulator timings say nothing about Apple GPUs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.report import ModuleReport
+from metal_accel.sandbox.host import load_forward
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "metal_accel" / "library" / "kernels" / "mps"
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# what the library appends to each kernel file for these classes (issue 29's glue)
+GLUE = {
+    "LlamaRMSNorm": ("rms_norm", "return rms_norm(x, module.weight, module.variance_epsilon)"),
+    "Qwen2RMSNorm": ("rms_norm", "return rms_norm(x, module.weight, module.variance_epsilon)"),
+}
+
+
+def kernel_file(family: str) -> str:
+    return (KERNELS / f"{family}.py").read_text()
+
+
+def with_glue(text: str, cls: str) -> str:
+    return f"{text}\n\ndef forward(module, x):\n    {GLUE[cls][1]}\n"
+
+
+@pytest.fixture(scope="module")
+def shared_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mps_emu_build")
+
+
+@pytest.fixture(autouse=True)
+def _one_build_dir(shared_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kernel source compiles once per module run, not once per test (user caches stay per proof)."""
+    monkeypatch.setenv("METAL_ACCEL_BUILD_DIR", str(shared_build))
+
+
+def prove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module, x: torch.Tensor,
+          text: str | None = None) -> ModuleReport:
+    """optimize() MODULE on the emulator with the library's kernel for its class (or TEXT) as the only
+    candidate, from a fresh user cache; returns the module's report. The module keeps its kernel."""
+    cls = type(module).__name__
+    root = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+    (root / "mps-emu").mkdir(parents=True)
+    (root / "mps-emu" / f"{cls}.py").write_text(with_glue(text or kernel_file(GLUE[cls][0]), cls))
+    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(root / "user_cache"))
+    metal_accel.optimize(module.eval(), (x,), backend="mps-emu", providers=[f"dir:{root}"])
+    (rep,) = [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)]
+    return rep
+
+
+def assert_proven(rep: ModuleReport, module: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor) -> None:
+    assert rep.status == "kernel" and rep.source.startswith("dir:"), (rep.status, rep.reason, rep.rejected)
+    assert rep.speedup is None and "speed not measured" in rep.reason  # correctness only, never speed
+    with torch.no_grad():
+        out = module(x)  # now the kernel
+    tol = {FP32: (1e-5, 1e-6), FP16: (2e-3, 1e-3), BF16: (2e-2, 1e-2)}[expected.dtype]
+    torch.testing.assert_close(out, expected, rtol=tol[0], atol=tol[1])
+
+
+def inputs(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool = True) -> torch.Tensor:
+    if contiguous:
+        return torch.randn(shape, dtype=dtype)
+    # the last two dimensions swapped in memory: neither rows nor elements are where a contiguous tensor has them
+    return torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype).transpose(-1, -2)
+
+
+def check_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Callable[[torch.dtype, int], Any],
+                 cases: list[tuple[tuple[int, ...], torch.dtype, bool]]) -> None:
+    for shape, dtype, contiguous in cases:
+        torch.manual_seed(hash((shape, str(dtype), contiguous)) % 1000)
+        module = make(dtype, shape[-1])
+        x = inputs(shape, dtype, contiguous)
+        assert x.is_contiguous() == contiguous
+        with torch.no_grad():
+            expected = module.eval()(x)
+        assert_proven(prove(tmp_path, monkeypatch, module, x), module, x, expected)
+
+
+def check_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, old: str, new: str,
+                   module: torch.nn.Module, x: torch.Tensor, why: str) -> None:
+    """The family's kernel with OLD replaced by NEW is rejected for MODULE on X, for a reason naming WHY."""
+    text = kernel_file(family)
+    assert text.count(old) == 1, old
+    rep = prove(tmp_path, monkeypatch, module, x, text.replace(old, new))
+    assert rep.status == "eager" and rep.rejected, (rep.status, rep.reason)
+    assert why in " ".join(rep.rejected), rep.rejected
+
+
+# ---------------------------------------------------------------- every file: format and host code (fast)
+
+def test_kernel_files_are_candidates_with_glue() -> None:
+    families = sorted(p.stem for p in KERNELS.glob("*.py"))
+    assert "rms_norm" in families
+    for cls, (family, _) in GLUE.items():
+        if family not in families:
+            continue
+        text = kernel_file(family)
+        assert "def forward" not in text  # the library appends the glue
+        cand = parse_candidate(with_glue(text, cls), "mps-emu", f"dir:{family}")
+        assert cand.source and "kernel" in cand.source
+        load_forward(cand.code, lib=None)  # the sandbox accepts the host code
+
+
+# ---------------------------------------------------------------- 1. rms_norm
+
+def _llama_rms(dtype: torch.dtype, h: int, weight_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    m = LlamaRMSNorm(h, eps=1e-6)
+    with torch.no_grad():
+        m.weight.normal_(1.0, 0.5)
+    return m.to(weight_dtype or dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_llama_fp32_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_family(tmp_path, monkeypatch, _llama_rms, [
+        ((1, 1, 64), FP32, True), ((2, 7, 64), FP32, True), ((3, 100), FP32, True), ((2, 5, 37), FP32, True),
+        ((2, 6, 64), FP32, False)])
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_half_dtypes_and_qwen2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    def qwen(dtype: torch.dtype, h: int) -> torch.nn.Module:
+        m = Qwen2RMSNorm(h, eps=1e-5)
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+        return m.to(dtype)
+
+    check_family(tmp_path, monkeypatch, _llama_rms, [
+        ((1, 1, 72), FP16, True), ((2, 7, 50), FP16, True), ((2, 7, 64), BF16, True), ((3, 33), BF16, False)])
+    check_family(tmp_path, monkeypatch, qwen, [((2, 3, 72), BF16, True)])
+    # float32 weight on half activations: the output is float32, as eager promotes it
+    check_family(tmp_path, monkeypatch, lambda dt, h: _llama_rms(dt, h, FP32), [((2, 7, 64), BF16, True)])
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("old, new, shape, why", [
+    # partials read before every SIMD-group wrote them (three SIMD-groups per row)
+    ("    threadgroup_barrier(mem_flags::mem_threadgroup);\n", "\n", (2, 3, 264), "data race"),
+    # the scalar path's last element left unwritten
+    ("for (uint j = tid; j < D; j += tpg) yr[j]", "for (uint j = tid; j + 1 < D; j += tpg) yr[j]", (2, 7, 50),
+     "incorrect"),
+    # one vector too many per row
+    ("const uint n4 = D / 4;", "const uint n4 = D / 4 + 1;", (2, 3, 64), "past the start of w"),
+])
+def test_rms_norm_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
+                                           shape: tuple[int, ...], why: str) -> None:
+    check_rejected(tmp_path, monkeypatch, "rms_norm", old, new, _llama_rms(FP32, shape[-1]), torch.randn(shape), why)
