@@ -26,6 +26,8 @@ FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 GLUE = {
     "LlamaRMSNorm": ("rms_norm", "return rms_norm(x, module.weight, module.variance_epsilon)"),
     "Qwen2RMSNorm": ("rms_norm", "return rms_norm(x, module.weight, module.variance_epsilon)"),
+    "LlamaMLP": ("gated_mlp", "return gated_mlp(x, module.gate_proj.weight, module.up_proj.weight, "
+                              "module.down_proj.weight, {act!r})"),
 }
 
 
@@ -33,8 +35,8 @@ def kernel_file(family: str) -> str:
     return (KERNELS / f"{family}.py").read_text()
 
 
-def with_glue(text: str, cls: str) -> str:
-    return f"{text}\n\ndef forward(module, x):\n    {GLUE[cls][1]}\n"
+def with_glue(text: str, cls: str, act: str = "") -> str:
+    return f"{text}\n\ndef forward(module, x):\n    {GLUE[cls][1].format(act=act)}\n"
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +51,13 @@ def _one_build_dir(shared_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def prove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module, x: torch.Tensor,
-          text: str | None = None) -> ModuleReport:
+          text: str | None = None, act: str = "") -> ModuleReport:
     """optimize() MODULE on the emulator with the library's kernel for its class (or TEXT) as the only
-    candidate, from a fresh user cache; returns the module's report. The module keeps its kernel."""
+    candidate (ACT: the activation the glue names), from a fresh user cache; returns the module's report. The module keeps its kernel."""
     cls = type(module).__name__
     root = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
     (root / "mps-emu").mkdir(parents=True)
-    (root / "mps-emu" / f"{cls}.py").write_text(with_glue(text or kernel_file(GLUE[cls][0]), cls))
+    (root / "mps-emu" / f"{cls}.py").write_text(with_glue(text or kernel_file(GLUE[cls][0]), cls, act))
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(root / "user_cache"))
     metal_accel.optimize(module.eval(), (x,), backend="mps-emu", providers=[f"dir:{root}"])
     (rep,) = [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)]
@@ -79,7 +81,7 @@ def inputs(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool = True) 
 
 
 def check_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Callable[[torch.dtype, int], Any],
-                 cases: list[tuple[tuple[int, ...], torch.dtype, bool]]) -> None:
+                 cases: list[tuple[tuple[int, ...], torch.dtype, bool]], act: str = "") -> None:
     for shape, dtype, contiguous in cases:
         torch.manual_seed(hash((shape, str(dtype), contiguous)) % 1000)
         module = make(dtype, shape[-1])
@@ -87,15 +89,15 @@ def check_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Callable
         assert x.is_contiguous() == contiguous
         with torch.no_grad():
             expected = module.eval()(x)
-        assert_proven(prove(tmp_path, monkeypatch, module, x), module, x, expected)
+        assert_proven(prove(tmp_path, monkeypatch, module, x, act=act), module, x, expected)
 
 
 def check_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, old: str, new: str,
-                   module: torch.nn.Module, x: torch.Tensor, why: str) -> None:
+                   module: torch.nn.Module, x: torch.Tensor, why: str, act: str = "") -> None:
     """The family's kernel with OLD replaced by NEW is rejected for MODULE on X, for a reason naming WHY."""
     text = kernel_file(family)
     assert text.count(old) == 1, old
-    rep = prove(tmp_path, monkeypatch, module, x, text.replace(old, new))
+    rep = prove(tmp_path, monkeypatch, module, x, text.replace(old, new), act)
     assert rep.status == "eager" and rep.rejected, (rep.status, rep.reason)
     assert why in " ".join(rep.rejected), rep.rejected
 
@@ -110,7 +112,7 @@ def test_kernel_files_are_candidates_with_glue() -> None:
             continue
         text = kernel_file(family)
         assert "def forward" not in text  # the library appends the glue
-        cand = parse_candidate(with_glue(text, cls), "mps-emu", f"dir:{family}")
+        cand = parse_candidate(with_glue(text, cls, "silu"), "mps-emu", f"dir:{family}")
         assert cand.source and "kernel" in cand.source
         load_forward(cand.code, lib=None)  # the sandbox accepts the host code
 
@@ -165,3 +167,50 @@ def test_rms_norm_half_dtypes_and_qwen2(tmp_path: Path, monkeypatch: pytest.Monk
 def test_rms_norm_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
                                            shape: tuple[int, ...], why: str) -> None:
     check_rejected(tmp_path, monkeypatch, "rms_norm", old, new, _llama_rms(FP32, shape[-1]), torch.randn(shape), why)
+
+
+# ---------------------------------------------------------------- 2. gated_mlp
+
+HF_ACT = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu"}
+
+
+def _llama_mlp(act: str, intermediate: int) -> Callable[[torch.dtype, int], torch.nn.Module]:
+    def make(dtype: torch.dtype, h: int) -> torch.nn.Module:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaMLP
+        cfg = LlamaConfig(hidden_size=h, intermediate_size=intermediate, hidden_act=HF_ACT[act],
+                          num_attention_heads=1, num_key_value_heads=1)
+        return LlamaMLP(cfg).to(dtype)
+    return make
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_llama_silu_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1 row with a 37-wide intermediate (one vector and a tail of 1 per row...), 14 rows of 50 (a tail of 2)
+    check_family(tmp_path, monkeypatch, _llama_mlp("silu", 37), [((1, 1, 64), FP32, True)], act="silu")
+    check_family(tmp_path, monkeypatch, _llama_mlp("silu", 50), [
+        ((2, 7, 72), FP32, True), ((2, 6, 40), FP32, False), ((2, 7, 48), FP16, True), ((3, 5, 40), BF16, True)],
+        act="silu")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("act", ["gelu_tanh", "gelu"])
+def test_gated_mlp_gelu_gates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, act: str) -> None:
+    check_family(tmp_path, monkeypatch, _llama_mlp(act, 50), [
+        ((2, 7, 64), FP32, True), ((1, 1, 40), FP16, True), ((2, 3, 40), BF16, False)], act=act)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("old, new, why", [
+    # the tail thread stops one short: the last element of h is never written (n = 7 * 50 = 350, a tail of 2)
+    ("for (uint j = 4 * n4; j < n; ++j)", "for (uint j = 4 * n4; j + 1 < n; ++j)", "incorrect"),
+    # silu without its division: a wrong activation
+    ("if (act == 0) return x / (1.0f + exp(-x));", "if (act == 0) return x * (1.0f + exp(-x));", "incorrect"),
+])
+def test_gated_mlp_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
+                                            why: str) -> None:
+    module = _llama_mlp("silu", 50)(FP32, 32)
+    check_rejected(tmp_path, monkeypatch, "gated_mlp", old, new, module, torch.randn(1, 7, 32), why, "silu")
