@@ -28,6 +28,8 @@ GLUE = {
     "Qwen2RMSNorm": ("rms_norm", "return rms_norm(x, module.weight, module.variance_epsilon)"),
     "LlamaMLP": ("gated_mlp", "return gated_mlp(x, module.gate_proj.weight, module.up_proj.weight, "
                               "module.down_proj.weight, {act!r})"),
+    "NewGELUActivation": ("gelu_tanh", "return gelu_tanh(x)"),
+    "GELUTanh": ("gelu_tanh", "return gelu_tanh(x)"),
 }
 
 
@@ -214,3 +216,31 @@ def test_gated_mlp_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.
                                             why: str) -> None:
     module = _llama_mlp("silu", 50)(FP32, 32)
     check_rejected(tmp_path, monkeypatch, "gated_mlp", old, new, module, torch.randn(1, 7, 32), why, "silu")
+
+
+# ---------------------------------------------------------------- 3. gelu_tanh
+
+def _new_gelu(dtype: torch.dtype, h: int) -> torch.nn.Module:
+    from transformers.activations import NewGELUActivation
+    return NewGELUActivation()
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_new_gelu_and_gelu_tanh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.activations import GELUTanh
+    check_family(tmp_path, monkeypatch, _new_gelu, [
+        ((1, 1, 64), FP32, True), ((2, 7, 37), FP32, True), ((2, 5, 100), FP32, False), ((2, 7, 72), FP16, True),
+        ((3, 33), BF16, True), ((2, 3, 40), FP16, False)])
+    check_family(tmp_path, monkeypatch, lambda dt, h: GELUTanh(), [((2, 7, 50), FP32, True), ((2, 7, 50), BF16, True)])
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("old, new, why", [
+    ("for (uint j = 4 * n4; j < n; ++j)", "for (uint j = 4 * n4; j <= n; ++j)", "past the start of"),  # tail overrun
+    ("gelu_tanh1(v.y), gelu_tanh1(v.z)", "gelu_tanh1(v.z), gelu_tanh1(v.y)", "incorrect"),  # lanes swapped
+])
+def test_gelu_tanh_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
+                                            why: str) -> None:
+    check_rejected(tmp_path, monkeypatch, "gelu_tanh", old, new, _new_gelu(FP32, 37), torch.randn(2, 7, 37), why)
