@@ -33,6 +33,7 @@ GLUE = {
     "GELUTanh": ("gelu_tanh", "return gelu_tanh(x)"),
     "GPT2MLP": ("gpt2_mlp", "return gpt2_mlp(x, module.c_fc.weight, module.c_fc.bias, module.c_proj.weight, "
                             "module.c_proj.bias)"),
+    "BertIntermediate": ("linear_gelu", "return linear_gelu(x, module.dense.weight, module.dense.bias, {act!r})"),
 }
 
 
@@ -280,3 +281,39 @@ def test_gpt2_mlp_broken_variant_rejected(tmp_path: Path, monkeypatch: pytest.Mo
     # the tail thread skipped: 7 * 37 = 259 hidden elements, the last 3 never activated
     check_rejected(tmp_path, monkeypatch, "gpt2_mlp", "} else if (i == n4) {", "} else if (i == n4 + 1) {",
                    _gpt2_mlp(37)(FP32, 32), torch.randn(1, 7, 32), "incorrect")
+
+
+# ---------------------------------------------------------------- 4. linear_gelu
+
+def _bert_intermediate(hidden_act: str, intermediate: int) -> Callable[[torch.dtype, int], torch.nn.Module]:
+    def make(dtype: torch.dtype, h: int) -> torch.nn.Module:
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertIntermediate
+        cfg = BertConfig(hidden_size=h, intermediate_size=intermediate, num_attention_heads=1, hidden_act=hidden_act)
+        return BertIntermediate(cfg).to(dtype)
+    return make
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_bert_intermediate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_family(tmp_path, monkeypatch, _bert_intermediate("gelu", 37), [
+        ((1, 1, 32), FP32, True), ((2, 7, 40), FP32, False), ((2, 5, 72), BF16, True)], act="none")
+    check_family(tmp_path, monkeypatch, _bert_intermediate("gelu", 100), [
+        ((2, 7, 48), FP32, True), ((2, 7, 48), FP16, True), ((3, 40), FP16, "sliced")], act="none")
+    check_family(tmp_path, monkeypatch, _bert_intermediate("gelu_pytorch_tanh", 50), [
+        ((2, 7, 40), FP32, True), ((2, 3, 40), BF16, True)], act="tanh")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("old, new, why", [
+    # erf's sign symmetry lost: the negative half of GELU wrong
+    ("return z >= 0.0f ? r : 2.0f - r;", "return r;", "incorrect"),
+    # the tail thread takes a whole vector: 7 * 37 = 259 elements, it writes one past the end
+    ("if (i < n4) {", "if (i <= n4) {", "past the start of"),
+])
+def test_linear_gelu_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str,
+                                             why: str) -> None:
+    check_rejected(tmp_path, monkeypatch, "linear_gelu", old, new, _bert_intermediate("gelu", 37)(FP32, 32),
+                   torch.randn(1, 7, 32), why, "none")
