@@ -20,11 +20,11 @@ inline float group_sum(float v, threadgroup float* part, uint lane, uint sg, uin
 
 // x: rows of D elements of T; w: D of W; y: rows of O = promote(T, W). Rounding as eager: h = x * inv in float,
 // rounded to T, then w * h in float (exact for O = half: a product of two halves fits a float), rounded to O.
-// aligned != 0: D % 4 == 0 and every row starts 16-byte aligned (element offsets multiples of 4).
+// vec_ok != 0: D % 4 == 0 and every row starts 16-byte aligned (element offsets multiples of 4).
 template <typename T, typename W, typename O>
 kernel void rms_norm(device const T* x [[buffer(0)]], device const W* w [[buffer(1)]], device O* y [[buffer(2)]],
                      constant uint& D [[buffer(3)]], constant float& eps [[buffer(4)]],
-                     constant uint& aligned [[buffer(5)]],
+                     constant uint& vec_ok [[buffer(5)]],
                      uint row [[threadgroup_position_in_grid]], uint tid [[thread_position_in_threadgroup]],
                      uint tpg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                      uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
@@ -32,7 +32,7 @@ kernel void rms_norm(device const T* x [[buffer(0)]], device const W* w [[buffer
     device const T* xr = x + (ulong)row * D;
     device O* yr = y + (ulong)row * D;
     float ss = 0.0f;
-    if (aligned != 0) {
+    if (vec_ok != 0) {
         const uint n4 = D / 4;
         device const vec<T, 4>* x4 = (device const vec<T, 4>*)xr;
         for (uint j = tid; j < n4; j += tpg) {
