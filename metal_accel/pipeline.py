@@ -1,6 +1,7 @@
 """The pipeline for one captured call: key -> cache -> candidates -> prove -> store -> install."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -21,11 +22,11 @@ from .candidates.triage import compile_not_worth_it
 from .core import config
 from .core.candidate import Candidate, parse_candidate
 from .core.errors import MetalAccelError
-from .core.keys import class_path, class_source_sha, entry_key, module_fingerprint
+from .core.keys import class_path, class_source_sha, entry_key, generic_key, module_fingerprint
 from .core.provider import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 from .core.redact import redact
 from .core.specs import UnsupportedCall
-from .proof.prove import ProofSettings
+from .proof.prove import ProofSettings, declared_shape_generic
 from .proof.speed import implausible_verdict
 from .report import COVERED, ModuleReport
 from .runtime.capture import ModuleCall
@@ -105,6 +106,8 @@ class Pipeline:
         rep.key = key
         entry = cache_mod.lookup(self.backend.name, key)
         user = cache_mod.user_cache()
+        if entry is None and self._generic_hit(call, key, fingerprint, rep):
+            return
         if entry is not None and entry.candidate is not None:
             verdict = entry.verdict_for(self.env)
             doubt = implausible_verdict(verdict.speedup, verdict.reason, verdict.details.get("bench")) \
@@ -165,6 +168,10 @@ class Pipeline:
             verdict = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
                               best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
         new.verdicts[self.env.id] = verdict
+        generic = generic_key(fingerprint, call.spec, self.backend.name) if winners and \
+            declared_shape_generic(winners[0].candidate.code) == "rows" else None
+        if generic:  # every other shape of this input finds it there (proven on several: the proof's sweep)
+            user.put(dataclasses.replace(new, key=generic, verdicts={self.env.id: dataclasses.replace(verdict)}))
         user.put(new)  # may re-key the verdicts (sealed): read VERDICT, not new.verdicts, from here on
         rep.outpaced = [f"{e.candidate.origin}: {e.verdict.reason}" for e in winners[1:]]
         if winners:
@@ -172,6 +179,22 @@ class Pipeline:
             self._accept(rep, winners[0].candidate, winners[0].verdict, winners[0].candidate.origin)
         else:
             rep.reason = f"all {len(losers)} candidates rejected; best: {verdict.reason}"
+
+    def _generic_hit(self, call: ModuleCall, key: str, fingerprint: str, rep: ModuleReport) -> bool:
+        """Install a kernel proven here for another shape of this call's one input, when it was proven for any
+        leading dimensions (SHAPE_GENERIC = "rows"; keys.generic_key): a decode step's shape, a new batch."""
+        assert call.spec is not None
+        generic = generic_key(fingerprint, call.spec, self.backend.name)
+        entry = cache_mod.lookup(self.backend.name, generic) if generic else None
+        if entry is None or entry.candidate is None or declared_shape_generic(entry.candidate.code) != "rows":
+            return False
+        verdict = entry.verdict_for(self.env)
+        if verdict is None or not verdict.accepted or verdict.candidate_digest != entry.candidate.digest:
+            return False
+        self._install(call, key, entry.candidate, verdict=verdict)
+        proven = "x".join(map(str, entry.input_spec.tensor_specs()[0].shape))
+        self._accept(rep, entry.candidate, verdict, f"cache:{entry.origin} (shape-generic, proven at {proven})")
+        return True
 
     def _collect(self, call: ModuleCall, key: str, request: SynthesisRequest, rep: ModuleReport,
                  tried: set[Any], skip_compile: str = "") -> list[Evaluation]:

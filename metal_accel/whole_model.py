@@ -25,7 +25,7 @@ from .proof.precision import PrecisionRule, recorded_call, rule_for
 from .proof.prove import float64_reference
 from .proof.testdata import like_example
 from .proof.validate import compare_or_float64, to_float64
-from .runtime.dispatch import eager_forward, eager_only
+from .runtime.dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 
 log = logging.getLogger(__name__)
 NAME = "whole-model torch.compile"
@@ -107,3 +107,36 @@ def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
         if why:
             return None, why
     return op, ""
+
+
+def set_everywhere(model: nn.Module, op: Any) -> None:
+    """OP (the model compiled whole) takes every call of MODEL, whatever its signature (None: none)."""
+    disp = dispatcher_of(model)
+    if disp is None:
+        if op is None:
+            return
+        disp = Dispatcher(model, eager_forward(model))
+        model.forward = disp
+    disp.fallback = op
+
+
+def check_on_workload(model: nn.Module, op: Any, workload: Callable[[nn.Module], Any]) -> str:
+    """'' when WORKLOAD's result with OP taking every call of MODEL (decode steps included: their shapes change
+    every step, which a per-signature choice cannot follow) is eager's under the proof's rule: for generate(),
+    the same tokens. Else why not."""
+    with torch.inference_mode():
+        with eager_only():
+            want, ops = recorded_call(workload, (model,), {})
+        set_everywhere(model, op)
+        try:
+            got = workload(model)
+        except Exception as exc:
+            return f"the workload failed under {NAME}: {type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            set_everywhere(model, None)
+    rule = rule_for(ops, config.current().precision)
+
+    def no_exact() -> Any:
+        raise NotImplementedError("no float64 run of a workload")
+    with torch.inference_mode():
+        return _check(got, want, rule, "incorrect on the workload", no_exact)

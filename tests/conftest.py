@@ -42,6 +42,8 @@ def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.delenv("METAL_ACCEL_DISABLE", raising=False)
     # torch.compile as a candidate costs seconds per module; the tests that are about it turn it on
     monkeypatch.setenv("METAL_ACCEL_COMPILE", "0")
+    # likewise the shipped kernel library (a trace per module type to match it): its tests turn it on
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "0")
     if any(part in _DEFAULT_PLACEMENT for part in request.path.parts):
         monkeypatch.delenv("METAL_ACCEL_TRUST_NATIVE", raising=False)
     else:

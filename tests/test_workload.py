@@ -93,3 +93,77 @@ def test_a_module_chosen_for_two_signatures_is_one_member_of_its_group():
                               workload=decode)
     assert result is not None and result.dropped == ["Sequential: kernel"], result
     assert dispatcher_of(model.mlp) is None and all(r.reason == DROPPED for r in report.modules)
+
+
+class SlowMLP(nn.Sequential):
+    """An MLP whose eager forward wastes time: a replacement that skips the waste makes decode faster."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return slow(x, nn.Sequential(*self))
+
+
+def test_a_choice_that_speeds_the_workload_up_is_kept():
+    """The workload's eager contender runs the workload too (not the example call): a decode-step choice that
+    makes decode faster survives the stage."""
+    model = Decoder()
+    model.mlp = SlowMLP(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    model.eval()
+    install(model.mlp, call_signature((torch.randn(1, 1, 8),), {}), Op(lambda t: nn.Sequential(*model.mlp)(t)))
+    report = OptimizeReport("cpu", "test")
+    report.modules = [ModuleReport("mlp", "test_workload.SlowMLP", "float32[1,1,8]", "kernel", "proven alone")]
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              workload=decode)
+    assert result is not None and result.workload is not None, result
+    assert result.workload["speedup"] > 1.5 and not result.dropped, result
+    assert dispatcher_of(model.mlp) is not None
+
+
+def _slow_decoder() -> tuple[Decoder, Decoder]:
+    """A decoder whose MLP wastes time in eager, and a twin with the same weights that does not."""
+    model = Decoder()
+    model.mlp = SlowMLP(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    twin = Decoder()
+    twin.mlp = nn.Sequential(*model.mlp)
+    twin.mix = model.mix
+    return model.eval(), twin.eval()
+
+
+class Whole:
+    """Stands in for the model compiled whole: any call of the model, answered by FN."""
+
+    name = "whole"
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, args: tuple, kwargs: dict, state: list):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def test_the_model_compiled_whole_takes_every_call_of_the_workload_when_it_wins():
+    model, twin = _slow_decoder()
+    whole = Whole(twin)
+    with torch.inference_mode():
+        want = decode(twin)
+    report = OptimizeReport("cpu", "test")
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              whole=whole, workload=decode)
+    assert result is not None and result.workload["outcome"] == "everywhere", result
+    assert dispatcher_of(model).fallback is whole
+    whole.calls = 0
+    with torch.inference_mode():
+        got = decode(model)  # every call, decode steps' growing shapes included, is the whole model's
+    assert whole.calls == 6
+    torch.testing.assert_close(got, want)
+
+
+def test_a_whole_model_that_is_wrong_on_the_workload_is_not_used_there():
+    model, twin = _slow_decoder()
+    wrong = Whole(lambda x, past=None: (twin(x, past)[0] + (x.shape[1] == 1), twin(x, past)[1]))  # decode steps off
+    report = OptimizeReport("cpu", "test")
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              whole=wrong, workload=decode)
+    assert result is not None and "incorrect on the workload" in result.workload["decision"], result
+    disp = dispatcher_of(model)
+    assert disp is None or disp.fallback is None

@@ -1,6 +1,7 @@
 """Find (and if needed prove) the cached kernel for one live module call, for auto-instrumentation."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -9,13 +10,20 @@ from torch import nn
 from ..backends import backend_for_device
 from ..candidates.compile import candidate_op, prove_candidate
 from ..core.errors import MetalAccelError
-from ..core.keys import class_path, entry_key, module_fingerprint
-from ..core.specs import InputSpec, UnsupportedCall
-from ..proof.prove import ProofSettings
+from ..backends.base import Backend
+from ..core import config
+from ..core.candidate import parse_candidate
+from ..core.keys import class_path, class_source_sha, entry_key, generic_key, module_fingerprint
+from ..core.provider import SynthesisRequest
+from ..core.specs import InputSpec, OutputSpec, UnsupportedCall
+from ..library.provider import LibraryProvider
+from ..runtime.dispatch import eager_forward, eager_only
+from ..proof.prove import ProofSettings, declared_shape_generic
 from ..runtime.capture import ModuleCall
 from ..runtime.model_state import StateGuard
 from ..runtime.ops import KernelOp
 from ..store import cache as cache_mod
+from ..store.cache import CacheEntry
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,18 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
         return None
     key = entry_key(fingerprint, spec, backend.name)
     entry = cache_mod.lookup(backend.name, key)
+    if entry is None:
+        generic = generic_key(fingerprint, spec, backend.name)
+        entry = cache_mod.lookup(backend.name, generic) if generic else None
+        if entry is not None and entry.candidate is not None \
+                and declared_shape_generic(entry.candidate.code) == "rows":
+            with torch.inference_mode(), eager_only():  # the op is made for this call's own shapes
+                entry = dataclasses.replace(entry, input_spec=spec,
+                                            output_spec=OutputSpec.of(eager_forward(module)(*args, **kwargs)))
+        else:
+            entry = None
+    if entry is None and prove_here and config.current().library:
+        return _library_kernel(module, args, kwargs, spec, fingerprint, key, backend)
     if entry is None or entry.candidate is None or entry.output_spec is None:
         return None
     env = backend.environment()
@@ -70,6 +90,47 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     if not ev.verdict.accepted:
         entry.rejected.append({"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason})
     cache_mod.user_cache().put(entry)
+    return ev.op if ev.verdict.accepted else None  # type: ignore[return-value]
+
+
+def _library_kernel(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpec, fingerprint: str, key: str,
+                    backend: Backend) -> KernelOp | None:
+    """The shipped library's kernel for a call no cache knows, when the module computes one of its families:
+    proven here now (correctness and speed), stored in the user cache either way, like optimize() would."""
+    request = SynthesisRequest(module, class_path(type(module)), type(module).__name__, fingerprint, spec,
+                               OutputSpec((), True), backend.name, backend.language)
+    proposals = LibraryProvider().propose(request)
+    if not proposals:
+        return None
+    cand = parse_candidate(proposals[0].text, backend.name, proposals[0].origin)
+    with torch.inference_mode(), eager_only():
+        output_spec = OutputSpec.of(eager_forward(module)(*args, **kwargs))
+    log.warning("metal_accel: proving the library's %s kernel for %s %s on this device (once)", cand.origin,
+                class_path(type(module)), spec.describe())
+    call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=output_spec,
+                      args=args, kwargs=kwargs, calls=1)
+    guard = StateGuard(module)
+    guard.protect_all()
+    try:
+        ev = prove_candidate(call, key, cand, backend, ProofSettings())
+    finally:
+        for change in guard.restore():
+            log.warning("metal_accel: %s: %s", class_path(type(module)), change)
+    entry = CacheEntry(key=key, backend=backend.name, module_class=class_path(type(module)),
+                       module_fingerprint=fingerprint, input_spec=spec, output_spec=output_spec,
+                       candidate=cand if ev.verdict.accepted else None, sandbox={"ok": True} if ev.verdict.accepted else {},
+                       rejected=[] if ev.verdict.accepted else
+                       [{"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason}],
+                       class_source_sha=class_source_sha(type(module)))
+    entry.verdicts[backend.environment().id] = ev.verdict
+    generic = generic_key(fingerprint, spec, backend.name)
+    if ev.verdict.accepted and generic:  # every other shape of this input finds it there (the proof swept some)
+        cache_mod.user_cache().put(dataclasses.replace(entry, key=generic,
+                                                       verdicts={k: dataclasses.replace(v) for k, v in entry.verdicts.items()}))
+    cache_mod.user_cache().put(entry)
+    if ev.verdict.accepted:
+        log.info("metal_accel: %s %s runs the library's %s kernel (%s)", class_path(type(module)),
+                 spec.describe(), cand.origin, ev.verdict.reason)
     return ev.op if ev.verdict.accepted else None  # type: ignore[return-value]
 
 

@@ -3,7 +3,9 @@
 A class is patched when its module is imported (at once if it already is), only if some cache entry
 holds a kernel that may run here (build_plans: accepted on this machine, or elsewhere under first-use;
 never a rejected entry, never a cached torch.compile, which only optimize() installs), and only if its
-source still hashes to what the cache recorded, so a changed library never gets a stale kernel. The new
+source still hashes to what the cache recorded, so a changed library never gets a stale kernel. Classes
+known to compute a family of the shipped kernel library (library/known.py) are patched too, for every
+shape: each new call signature is traced, matched and its kernel proven here before it runs. The new
 forward is invisible to TorchScript (torch.jit.script compiles the original: _script_transparent) and
 steps aside under torch.jit.trace, torch.compile and in training mode.
 The patched forward costs a shape check per call; calls whose first tensor's shape appears in no
@@ -36,6 +38,7 @@ from ..core.specs import UnsupportedCall
 from ..runtime import dispatch
 from ..runtime.dispatch import ORIGINAL_FORWARDS, Dispatcher
 from ..runtime.ops import KernelOp, _is_compiling
+from ..library.known import known_classes
 from ..store.cache import all_caches, read_index, sealed_verdict
 from .autoload import kernel_for_call
 
@@ -48,8 +51,9 @@ class ClassPlan:
     """What the caches hold for one module class."""
 
     class_path: str
-    class_source_sha: str
+    class_source_sha: str                 # "" for a library class: its calls are matched by tracing instead
     shapes: set[tuple[int, ...]] = field(default_factory=set)  # first tensor argument's shapes
+    any_shape: bool = False               # a library class: the library's kernels are shape-generic
 
 
 _plans: dict[str, ClassPlan] = {}
@@ -100,7 +104,11 @@ def build_plans() -> dict[str, ClassPlan]:
             shape = _first_shape(record["input_spec"])
             if shape is not None and record["class_source_sha"] == plan.class_source_sha:
                 plan.shapes.add(shape)
-    return {path: plan for path, plan in plans.items() if plan.shapes}
+    plans = {path: plan for path, plan in plans.items() if plan.shapes}
+    if config.current().library and first_use:
+        for path in known_classes():
+            plans.setdefault(path, ClassPlan(path, "", any_shape=True)).any_shape = True
+    return plans
 
 
 def _environment_ids(backends: list[str]) -> dict[str, str]:
@@ -192,7 +200,7 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
     if cls in _patched or "forward" not in vars(cls):
         return False
     try:
-        if class_source_sha(cls) != plan.class_source_sha:
+        if plan.class_source_sha and class_source_sha(cls) != plan.class_source_sha:
             log.info("metal_accel: %s changed since its kernels were cached; not patched", plan.class_path)
             return False
     except UnsupportedCall:
@@ -200,13 +208,15 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
     original = vars(cls)["forward"]
     ORIGINAL_FORWARDS[cls] = original
     _patched[cls] = original
-    cls.forward = _script_transparent(_dispatching_forward(cls, original, frozenset(plan.shapes)), original)
+    cls.forward = _script_transparent(
+        _dispatching_forward(cls, original, None if plan.any_shape else frozenset(plan.shapes)), original)
     return True
 
 
-def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozenset) -> Callable[..., Any]:
+def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozenset | None) -> Callable[..., Any]:
     """The class's new forward: the original unless this exact class is called, in eval mode, outside any
-    tracer (torch.compile, export, torch.jit.trace), with a first tensor of a cached shape. Every name it
+    tracer (torch.compile, export, torch.jit.trace), with a first tensor of a cached shape (any shape where
+    SHAPES is None: a class the kernel library serves). Every name it
     uses is a closure cell with a `_ma_` prefix: see _script_transparent."""
     _ma_cls, _ma_original, _ma_shapes, _ma_dispatch = cls, original, shapes, dispatch
     _ma_tensor, _ma_compiling, _ma_tracing = torch.Tensor, _is_compiling, torch._C._get_tracing_state
@@ -217,7 +227,7 @@ def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozen
                 or _ma_tracing() is not None:
             return _ma_original(self, *args, **kwargs)  # traced by the user: their graph, eager code
         first = args[0]
-        if type(first) is not _ma_tensor or first.shape not in _ma_shapes:
+        if type(first) is not _ma_tensor or (_ma_shapes is not None and first.shape not in _ma_shapes):
             return _ma_original(self, *args, **kwargs)
         auto = self.__dict__.get(_ma_attr)
         if auto is None:

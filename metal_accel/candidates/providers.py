@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Sequence
 
+from ..core import config
+from ..library.provider import LibraryProvider
 from ..synth.loop import SynthesisLoop
 from ..synth.models import ModelSpec, ProviderConfigError, is_model_spec
 from ..synth.settings import SynthSettings
@@ -26,7 +28,8 @@ def provider_from_spec(spec: str) -> Any:
 def build_providers(providers: Iterable[Any] | None = None, *, synthesize: bool | None = None,
                     models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
                     strict: bool = False, progress: bool | None = None) -> list[Any]:
-    """Provider objects, in the order their candidates are tried.
+    """Provider objects, in the order their candidates are tried: the shipped kernel library first (unless
+    the `library` setting is off), then the given ones.
 
     Strings in `providers` are "dir:PATH" or model names; all model names (from `providers` and
     `models`) share one SynthesisLoop, so they race concurrently. `synthesize=None` means: synthesize
@@ -34,7 +37,7 @@ def build_providers(providers: Iterable[Any] | None = None, *, synthesize: bool 
     usable model results, `strict` raises ProviderConfigError, otherwise a warning is logged and
     every module's report says why nothing was synthesized.
     """
-    out: list[Any] = []
+    out: list[Any] = [LibraryProvider()] if config.current().library else []
     names: list[str | ModelSpec] = []
     for p in providers or []:
         if isinstance(p, str) and is_model_spec(p):

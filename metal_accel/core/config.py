@@ -20,6 +20,7 @@ environment now. The environment is read on every call, so a variable set at run
     METAL_ACCEL_UNCONFINED=1     allow untrusted native code where no confinement layer applies
     METAL_ACCEL_MPS_LAUNCHER auto (default), ext or compile_shader
     METAL_ACCEL_MODELS       LLMs to synthesize with, comma-separated
+    METAL_ACCEL_LIBRARY=0    leave the shipped kernel library out (its kernels match modules by what they compute)
     CXX, CUDA_HOME / CUDA_PATH   the C++ compiler and the CUDA toolkit
 """
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Settings:
     precision: str = "eager"             # eager: as strict as eager under PyTorch's flags; compile: torch.compile's check
     compile_timeout_s: float = 120.0     # the torch.compile candidate's first compile, else eager stays
     end_to_end: bool = True              # time the optimized model whole against eager; drop what slows it
+    library: bool = True                 # the shipped kernel library (library/) proposes kernels by computation
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -89,7 +91,7 @@ class Settings:
             config_dir=Path(env.get(PREFIX + "CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME)),
             build_dir_override=Path(build) if build else None,
             cache_path=tuple(Path(p) for p in env.get(PREFIX + "CACHE_PATH", "").split(os.pathsep) if p),
-            end_to_end=_flag(env, "END_TO_END", True),
+            end_to_end=_flag(env, "END_TO_END", True), library=_flag(env, "LIBRARY", True),
             disabled=_flag(env, "DISABLE"), record=_flag(env, "RECORD"), compile=_flag(env, "COMPILE", True),
             revalidate=revalidate if revalidate in REVALIDATE_POLICIES else "first-use",
             trust_native=_flag(env, "TRUST_NATIVE"), unconfined=_flag(env, "UNCONFINED"),

@@ -92,3 +92,15 @@ def entry_key(fingerprint: str, spec: InputSpec, backend: str) -> str:
     """The cache key of one (module, input spec, backend)."""
     return hashlib.sha256(f"{fingerprint}\0{spec.key}\0{backend}".encode()).hexdigest()[:32]
 
+
+
+def generic_key(fingerprint: str, spec: InputSpec, backend: str) -> str | None:
+    """The key under which a kernel proven for any leading dimensions of its one input (SHAPE_GENERIC =
+    "rows": the kernel library's) is also stored: the spec without those dimensions (dtype, rank, last
+    dimension, device). None for calls of other forms."""
+    tensors = spec.tensor_specs()
+    if spec.kwargs or len(spec.args) != 1 or len(tensors) != 1 or not tensors[0].shape:
+        return None
+    t = tensors[0]
+    rows = f"rows:{t.dtype}:{len(t.shape)}:{t.shape[-1]}:{t.device}"
+    return hashlib.sha256(f"{fingerprint}\0{rows}\0{backend}".encode()).hexdigest()[:32]

@@ -28,7 +28,7 @@ from ..sandbox.kernel_source import check_kernel_source
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
 from .soak import soak
 from .speed import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
-from .testdata import make_inputs, sweep_specs
+from .testdata import make_inputs, rows_sweep_specs, sweep_specs
 from .validate import (
     Judge,
     RunTrials,
@@ -118,10 +118,11 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     plan = trial_plan(call.spec)
     sweep: dict[str, Any] = {}
     if settings.sweep and declares_shape_generic(cand.code):
-        swept, skipped = shape_sweep(call.spec)
+        swept, skipped = shape_sweep(call.spec, declared_shape_generic(cand.code))
         for alt in swept:
             plan += trial_plan(alt, ("normal", "uniform"))
-        sweep = {"sweep": {"batches": [lead_size(s) for s in swept], "too_large": [lead_size(s) for s in skipped]}}
+        sweep = {"sweep": {"batches": [lead_size(s) for s in swept], "too_large": [lead_size(s) for s in skipped],
+                           "shapes": [list(s.tensor_specs()[0].shape) for s in swept]}}
         if skipped:
             log.info("metal_accel: %s: shape-generic sweep leaves out batch sizes %s (inputs over %d MB)",
                      call.name, sweep["sweep"]["too_large"], sweep_limit(call.spec) >> 20)
@@ -282,11 +283,12 @@ def sweep_limit(spec: InputSpec) -> int:
     return max(spec_bytes(spec), TRIAL_BATCH_BYTES)
 
 
-def shape_sweep(spec: InputSpec) -> tuple[list[InputSpec], list[InputSpec]]:
-    """The batch-size variants of SPEC a shape-generic candidate is also proven on, and those left out
-    because their inputs exceed sweep_limit: a 1 GB call is not also proven on a 3 GB batch."""
+def shape_sweep(spec: InputSpec, kind: Any = True) -> tuple[list[InputSpec], list[InputSpec]]:
+    """The variants of SPEC a shape-generic candidate is also proven on (other batch sizes; for KIND "rows",
+    other leading dimensions: testdata.rows_sweep_specs), and those left out because their inputs exceed
+    sweep_limit: a 1 GB call is not also proven on a 3 GB batch."""
     limit = sweep_limit(spec)
-    variants = sweep_specs(spec)
+    variants = rows_sweep_specs(spec) if kind == "rows" else sweep_specs(spec)
     return [v for v in variants if spec_bytes(v) <= limit], [v for v in variants if spec_bytes(v) > limit]
 
 
@@ -351,13 +353,20 @@ def backend_timer(backend: Backend) -> Any:
     return backend.timer()
 
 
-def declares_shape_generic(code: str) -> bool:
-    """True when the candidate's block has a top-level `SHAPE_GENERIC = True`."""
-    for node in ast.parse(code).body:
+def declared_shape_generic(code: str) -> Any:
+    """The candidate's top-level `SHAPE_GENERIC = ...` value: True (any batch size), "rows" (any leading
+    dimensions of its one input: the kernel library's), or None."""
+    value = None
+    for node in ast.parse(code).body:  # the last assignment is the one in force (the library's glue comes last)
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SHAPE_GENERIC"
                                                 for t in node.targets):
-            return isinstance(node.value, ast.Constant) and node.value.value is True
-    return False
+            value = node.value.value if isinstance(node.value, ast.Constant) else None
+    return value
+
+
+def declares_shape_generic(code: str) -> bool:
+    """True when the candidate's block declares SHAPE_GENERIC = True or "rows"."""
+    return declared_shape_generic(code) in (True, "rows")
 
 
 def _validation_details(result: ValidationResult) -> dict[str, Any]:

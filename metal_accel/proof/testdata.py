@@ -250,6 +250,30 @@ def like_example(args: tuple, kwargs: dict[str, Any], gen: torch.Generator) -> t
     return _pytree.tree_map_only(torch.Tensor, draw, (tuple(args), dict(kwargs)))
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def rows_sweep_specs(spec: InputSpec) -> list[InputSpec]:
+    """Variants of a one-input SPEC with the input's leading dimensions (all but the last) changed, for
+    kernels that treat their input as rows of its last dimension (SHAPE_GENERIC = "rows", the library's):
+    a single row (a decode step's shape) and an odd number of rows in the next-to-last dimension."""
+    tensors = spec.tensor_specs()
+    if len(tensors) != 1 or len(tensors[0].shape) < 2:
+        return []
+    x = tensors[0]
+    lead = x.shape[:-1]
+    shapes = {(1,) * len(lead) + x.shape[-1:], (*lead[:-1], 2 * lead[-1] + 1, x.shape[-1])} - {x.shape}
+
+    def variant(shape: tuple[int, ...]) -> InputSpec:
+        return spec.map_tensors(lambda s: TensorSpec(shape, s.dtype, _contiguous(shape), s.device, s.value_range))
+    return [variant(shape) for shape in sorted(shapes)]
+
+
 def sweep_specs(spec: InputSpec) -> list[InputSpec]:
     """Variants of `spec` with the leading (batch) dimension changed, for shape-generic kernels.
 

@@ -65,6 +65,8 @@ class Dispatcher:
         # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: dict[tuple, KernelOp | None] = {}
+        # every call, whatever its signature (a model compiled whole, proven on the application's own workload)
+        self.fallback: Callable[[tuple, dict, list], Any] | None = None
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
         self._arities: frozenset[int] = frozenset()
         # kernels are proven with the subtree in eval mode; in training mode it runs eager. The flags watched:
@@ -118,6 +120,10 @@ class Dispatcher:
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fallback is not None and not (bypass and self.honor_bypass) and _tracing_state() is None \
+                and not _is_compiling() and not self.in_training():
+            self.hits += 1
+            return self.fallback(args, kwargs, [])
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) \
                 or _tracing_state() is not None:  # torch.jit.trace records the module's own forward
             return self.original(*args, **kwargs)

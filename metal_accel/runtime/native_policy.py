@@ -33,6 +33,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..core import config
+from ..library.provider import library_sources
 from .kernel_server import RemoteLibrary
 
 NATIVE_BACKENDS = frozenset({"cpu", "mps-emu"})  # kernels that are host machine code
@@ -66,8 +67,10 @@ def shipped_source_digests() -> frozenset[str]:
 
 
 def is_trusted(source: str) -> bool:
-    """Whether native kernel SOURCE may run in the user's process: a shipped kernel, or the user opted in."""
-    return trust_native() or _digest(source) in shipped_source_digests()
+    """Whether native kernel SOURCE may run in the user's process: a shipped kernel (shipped cache or kernel
+    library), or the user opted in."""
+    digest = _digest(source)
+    return trust_native() or digest in shipped_source_digests() or digest in library_sources()
 
 
 def runtime_library(backend: Backend, source: str, *, trusted: bool | None = None) -> Any:

@@ -1,0 +1,172 @@
+"""The computations the shipped kernel library serves, each with a reference written here in torch.
+
+A family is one computation with one host-function signature, `family(x, *arguments)`: the kernel files
+(library/kernels/<backend>/<family>.py) implement it, and a module belongs to it when some binding of its
+tensors and attributes to the arguments makes the reference trace to the same ATen computation as the
+module's own forward (library/match.py). Bindings are proposed from the module's tensors by shape (which
+2-D weight is the down projection), and from its plain float attributes (which one is eps): a few
+candidates each, every one checked by tracing, so nothing is matched by a class or attribute name.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.keys import module_config
+
+# one argument of the host function after x: ("tensor", path) | ("attr", path) | ("literal", value)
+Arg = tuple[str, Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    summary: str
+    reference: Callable[..., torch.Tensor]            # reference(x, *arguments), plain torch
+    bindings: Callable[[nn.Module, dict[str, torch.Tensor]], Iterator[tuple[Arg, ...]]]
+
+
+def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of MODULE by its dotted path (what a binding names)."""
+    out: dict[str, torch.Tensor] = {}
+    for path, sub in module.named_modules(remove_duplicate=False):
+        for store in (sub._parameters, sub._buffers):
+            for name, t in store.items():
+                if t is not None:
+                    out.setdefault(f"{path}.{name}" if path else name, t)
+    return out
+
+
+def _float_attrs(module: nn.Module) -> list[str]:
+    return [k for k, v in module_config(module).items() if type(v) is float]
+
+
+# -- references (the semantics each kernel must reproduce; docs/library.md states them too) ----------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "gelu": F.gelu,
+    "gelu_new": gelu_tanh,  # the tanh approximation written out (T5's gated-gelu): same math, eager's own ops
+    "relu": F.relu,
+}
+
+
+def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
+              act: str) -> torch.Tensor:
+    return F.linear(ACTIVATIONS[act](F.linear(x, gate_weight)) * F.linear(x, up_weight), down_weight)
+
+
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    return F.gelu(F.linear(x, weight, bias), approximate=approximate)
+
+
+def gpt2_mlp(x: torch.Tensor, fc_weight: torch.Tensor, fc_bias: torch.Tensor, proj_weight: torch.Tensor,
+             proj_bias: torch.Tensor) -> torch.Tensor:
+    h = torch.addmm(fc_bias, x.view(-1, x.shape[-1]), fc_weight).view(*x.shape[:-1], -1)
+    h = gelu_tanh(h)
+    return torch.addmm(proj_bias, h.view(-1, h.shape[-1]), proj_weight).view(*x.shape[:-1], -1)
+
+
+def mlp(x: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor, fc2_weight: torch.Tensor,
+        fc2_bias: torch.Tensor, act: str) -> torch.Tensor:
+    return F.linear(ACTIVATIONS[act](F.linear(x, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
+
+
+# -- bindings -----------------------------------------------------------------------------------------------
+
+def _rms_norm_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if len(tensors) != 1:
+        return
+    (path, weight), = tensors.items()
+    if weight.dim() != 1:
+        return
+    for attr in _float_attrs(module):
+        yield ("tensor", path), ("attr", attr)
+
+
+def _gated_mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if len(tensors) != 3 or any(t.dim() != 2 for t in tensors.values()):
+        return
+    for gate, up, down in itertools.permutations(tensors):
+        g, u, d = tensors[gate], tensors[up], tensors[down]
+        if g.shape != u.shape or d.shape != (g.shape[1], g.shape[0]):
+            continue
+        for act in ACTIVATIONS:
+            yield ("tensor", gate), ("tensor", up), ("tensor", down), ("literal", act)
+
+
+def _gelu_tanh_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if not tensors:
+        yield ()
+
+
+def _linear_gelu_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if len(tensors) != 2:
+        return
+    by_dim = {t.dim(): p for p, t in tensors.items()}
+    if set(by_dim) != {1, 2} or tensors[by_dim[2]].shape[0] != tensors[by_dim[1]].shape[0]:
+        return
+    for approximate in ("none", "tanh"):
+        yield ("tensor", by_dim[2]), ("tensor", by_dim[1]), ("literal", approximate)
+
+
+def _gpt2_mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if len(tensors) != 4:
+        return
+    mats = [p for p, t in tensors.items() if t.dim() == 2]
+    vecs = [p for p, t in tensors.items() if t.dim() == 1]
+    if len(mats) != 2 or len(vecs) != 2:
+        return
+    for fc_w, proj_w in itertools.permutations(mats):
+        for fc_b, proj_b in itertools.permutations(vecs):
+            a, b = tensors[fc_w], tensors[proj_w]
+            if a.shape[1] == b.shape[0] and tensors[fc_b].shape[0] == a.shape[1] \
+                    and tensors[proj_b].shape[0] == b.shape[1]:
+                yield ("tensor", fc_w), ("tensor", fc_b), ("tensor", proj_w), ("tensor", proj_b)
+
+
+def _mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    mats = [p for p, t in tensors.items() if t.dim() == 2]
+    vecs = [p for p, t in tensors.items() if t.dim() == 1]
+    if len(tensors) != 4 or len(mats) != 2 or len(vecs) != 2:
+        return
+    for w1, w2 in itertools.permutations(mats):
+        for b1, b2 in itertools.permutations(vecs):
+            a, b = tensors[w1], tensors[w2]
+            if a.shape == (b.shape[1], b.shape[0]) and tensors[b1].shape[0] == a.shape[0] \
+                    and tensors[b2].shape[0] == b.shape[0]:
+                for act in ACTIVATIONS:
+                    yield ("tensor", w1), ("tensor", b1), ("tensor", w2), ("tensor", b2), ("literal", act)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("rms_norm", "RMSNorm computed in float32, weight applied in the input's dtype (Llama, Qwen2, Mistral)",
+           rms_norm, _rms_norm_bindings),
+    Family("gated_mlp", "down(act(gate(x)) * up(x)) without biases, act SiLU or GELU (Llama, Qwen2, Mistral MLPs; T5 gated-gelu)",
+           gated_mlp, _gated_mlp_bindings),
+    Family("gelu_tanh", "GELU, tanh approximation written out (GPT-2's NewGELUActivation)", gelu_tanh,
+           _gelu_tanh_bindings),
+    Family("gpt2_mlp", "GEMM + bias, GELU (tanh), GEMM + bias with [in, out] weights (GPT-2's MLP)", gpt2_mlp,
+           _gpt2_mlp_bindings),
+    Family("mlp", "Linear, activation (GELU, tanh GELU, ReLU, SiLU), Linear, with biases (ViT, CLIP, timm Mlp)",
+           mlp, _mlp_bindings),
+    Family("linear_gelu", "Linear then GELU (BERT's and ViT's intermediate layers)", linear_gelu,
+           _linear_gelu_bindings),
+)}

@@ -1,0 +1,127 @@
+"""Which library family a module call belongs to: its traced computation against each family's reference.
+
+A call matches when it is one tensor argument (no keywords), the module's tensors can be bound to a family's
+arguments (families.py), and the module's own forward and the family's reference, traced on the call's input
+(trace.py), are the same computation. The answer depends only on the classes and plain configs of the module and its
+submodules, its tensors' shapes and dtypes, and the input's dtype, rank and device, so it is remembered per
+process by those.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.keys import class_path, module_config
+from ..runtime.dispatch import eager_forward, eager_only
+from .families import FAMILIES, Arg, Family, module_tensors
+from .known import learn
+from .trace import TraceError, canonical_trace, forget_roles, role_map
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Match:
+    family: str
+    arguments: tuple[Arg, ...]
+
+    def glue(self) -> str:
+        """The candidate's forward: the family's host function called with this module's own attributes."""
+        parts = ["x"]
+        for kind, value in self.arguments:
+            parts.append(f"module.{value}" if kind in ("tensor", "attr") else repr(value))
+        return ("\n\nSHAPE_GENERIC = \"rows\"  # any leading dimensions of x: proven on several, one verdict for all\n"
+                f"\n\ndef forward(module, x):\n    return {self.family}({', '.join(parts)})\n")
+
+
+_memo: dict[str, Match | None] = {}
+_lock = threading.Lock()
+
+
+def _memo_key(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) -> str:
+    tree = [[path, class_path(type(sub)), id(type(sub)),
+             sorted((k, _describe(v)) for k, v in vars(sub).items() if not k.startswith("_"))]
+            for path, sub in module.named_modules(remove_duplicate=False)]
+    return json.dumps([json.loads(json.dumps(tree, default=repr)),
+                       sorted((p, list(t.shape), str(t.dtype)) for p, t in tensors.items()),
+                       [str(x.dtype), x.dim(), x.device.type]], sort_keys=True)
+
+
+def _describe(value: Any) -> Any:
+    """An attribute as the memo key sees it: plain values as they are, anything else (a function the forward
+    calls, an object) by its type and name, so that two modules that may compute differently never share."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_describe(v) for v in value]
+    name = getattr(value, "__qualname__", None) or type(value).__qualname__
+    return f"<{getattr(value, '__module__', type(value).__module__)}.{name} {id(value) if callable(value) else ''}>"
+
+
+def match_call(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Match | None:
+    """The library family of MODULE(*ARGS, **KWARGS) and how its attributes bind, or None."""
+    if kwargs or len(args) != 1 or type(args[0]) is not torch.Tensor or args[0].dim() < 1:
+        return None
+    x = args[0]
+    tensors = module_tensors(module)
+    key = _memo_key(module, x, tensors)
+    with _lock:
+        if key in _memo:
+            return _memo[key]
+    found = _find(module, x, tensors)
+    with _lock:
+        _memo[key] = found
+    return found
+
+
+def _find(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) -> Match | None:
+    candidates = [(fam, b) for fam in FAMILIES.values() for b in fam.bindings(module, tensors)]
+    if not candidates:
+        return None
+    roles = role_map(tensors)
+    try:
+        forward = eager_forward(module)
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            with eager_only():
+                return forward(t)
+        try:
+            mine = canonical_trace(own, [x], roles)
+        except TraceError as exc:
+            log.debug("metal_accel: library: %s not traced: %s", type(module).__name__, exc)
+            return None
+        for fam, binding in candidates:
+            if _reference_text(fam, binding, module, x, tensors, roles) == mine:
+                log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
+                learn(class_path(type(module)), fam.name)
+                return Match(fam.name, binding)
+        return None
+    finally:
+        forget_roles(roles)
+
+
+def _reference_text(fam: Family, binding: tuple[Arg, ...], module: nn.Module, x: torch.Tensor,
+                    tensors: dict[str, torch.Tensor], roles: dict[int, str]) -> str | None:
+    values: list[Any] = []
+    for kind, value in binding:
+        if kind == "tensor":
+            values.append(tensors[value])
+        elif kind == "attr":
+            values.append(module_config(module)[value])
+        else:
+            values.append(value)
+    try:
+        return canonical_trace(lambda t: fam.reference(t, *values), [x], roles)
+    except TraceError:
+        return None
+
+
+def clear_memo() -> None:
+    with _lock:
+        _memo.clear()

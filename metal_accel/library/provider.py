@@ -1,0 +1,105 @@
+"""The shipped kernel library as a candidate provider: kernels for what a module computes, whatever its class.
+
+For a call whose module matches a family (match.py), the provider proposes the family's kernel file for the
+backend with a generated forward that binds the module's own attributes; the pipeline then proves, times,
+caches and installs it like any candidate, on this device, before it ever runs. Kernel files are read from
+library/kernels/<backend>/<family>.py; a file may list the dtypes it serves (`DTYPES = ("float32", ...)`),
+and only calls whose input has one of them are proposed.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+from ..core.provider import ProposedText, SynthesisRequest
+from ..core.specs import TensorSpec
+from .match import Match, match_call
+
+log = logging.getLogger(__name__)
+KERNELS = Path(__file__).resolve().parent / "kernels"
+ORIGIN = "library"
+_LANGUAGE_DIR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "mps-emu": "mps"}
+
+
+@functools.cache
+def kernel_file(backend: str, family: str) -> tuple[str, tuple[str, ...] | None] | None:
+    """(text, dtypes served or None for all) of the family's kernel file for BACKEND, or None."""
+    folder = _LANGUAGE_DIR.get(backend)
+    path = KERNELS / folder / f"{family}.py" if folder else None
+    if path is None or not path.is_file():
+        return None
+    text = path.read_text()
+    return text, _declared_dtypes(text)
+
+
+def _declared_dtypes(text: str) -> tuple[str, ...] | None:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DTYPES" for t in node.targets):
+            try:
+                return tuple(str(v) for v in ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
+
+
+@functools.cache
+def library_sources() -> frozenset[str]:
+    """sha256 of every SOURCE the library ships (all backends): as trusted as the package's own code."""
+    out = set()
+    for path in KERNELS.glob("*/*.py"):
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE" for t in node.targets):
+                try:
+                    source = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(source, str):
+                    out.add(hashlib.sha256(source.encode()).hexdigest())
+    return frozenset(out)
+
+
+def example_input(spec: TensorSpec, like: torch.nn.Module) -> torch.Tensor:
+    """An uninitialized tensor of the call's shape and dtype on the module's device (tracing reads no values)."""
+    device = next((t.device for t in like.parameters()), None) or torch.device(spec.device)
+    return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=device)
+
+
+class LibraryProvider:
+    """Proposes the shipped kernel of the call's family, bound to the module (see module docstring)."""
+
+    name = ORIGIN
+
+    def match(self, request: SynthesisRequest) -> Match | None:
+        spec = request.input_spec
+        if spec.kwargs or len(spec.args) != 1 or not isinstance(spec.args[0], TensorSpec):
+            return None
+        x = example_input(spec.args[0], request.module)
+        return match_call(request.module, (x,), {})
+
+    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
+        found = self.match(request)
+        if found is None:
+            return []
+        kernel = kernel_file(request.backend, found.family)
+        if kernel is None:
+            log.info("metal_accel: library: %s computes %s; no %s kernel for it ships", request.class_name,
+                     found.family, request.backend)
+            return []
+        text, dtypes = kernel
+        dtype = request.input_spec.args[0].dtype  # type: ignore[union-attr]
+        if dtypes is not None and dtype not in dtypes:
+            return []
+        return [ProposedText(text + found.glue(), f"{ORIGIN}:{found.family}")]

@@ -1,0 +1,231 @@
+"""The shipped kernel library: modules matched by what they compute, kernels proposed, proven and installed."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import metal_accel
+from metal_accel.library import provider as library_provider
+from metal_accel.library.match import clear_memo, match_call
+
+transformers = pytest.importorskip("transformers")
+from transformers import BertConfig, GPT2Config, LlamaConfig  # noqa: E402
+from transformers.activations import NewGELUActivation  # noqa: E402
+from transformers.models.bert.modeling_bert import BertIntermediate  # noqa: E402
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5LayerNorm  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "library"
+
+
+class ScaledNorm(nn.Module):
+    """A user's own RMSNorm: other class, other attribute names, same computation as Llama's."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(dim))
+        self.epsilon = 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.epsilon)
+        return self.scale * x32.to(dtype)
+
+
+class SqrtNorm(ScaledNorm):
+    """Divides by sqrt instead of multiplying by rsqrt: another computation (rounding differs)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.epsilon))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo():
+    clear_memo()
+    yield
+    clear_memo()
+
+
+def _family(module: nn.Module, x: torch.Tensor) -> str | None:
+    found = match_call(module.eval(), (x,), {})
+    return found.family if found else None
+
+
+def test_real_classes_match_by_computation():
+    x = torch.randn(2, 5, 64)
+    llama = LlamaConfig(hidden_size=64, intermediate_size=128)
+    assert _family(LlamaRMSNorm(64), x) == "rms_norm"
+    assert _family(Qwen2RMSNorm(64), x) == "rms_norm"
+    assert _family(T5LayerNorm(64), x) == "rms_norm"  # in float32 T5's norm computes the same
+    assert _family(LlamaMLP(llama), x) == "gated_mlp"
+    assert _family(GPT2MLP(256, GPT2Config(n_embd=64)), x) == "gpt2_mlp"
+    assert _family(NewGELUActivation(), x) == "gelu_tanh"
+    assert _family(BertIntermediate(BertConfig(hidden_size=64, intermediate_size=128)), x) == "linear_gelu"
+    assert _family(nn.LayerNorm(64), x) is None
+    assert _family(nn.Linear(64, 64), x) is None
+
+
+def test_binding_names_the_modules_own_attributes():
+    found = match_call(ScaledNorm(32), (torch.randn(3, 32),), {})
+    assert found is not None and found.family == "rms_norm"
+    assert "rms_norm(x, module.scale, module.epsilon)" in found.glue()
+    tanh = match_call(LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=128,
+                                           hidden_act="gelu_pytorch_tanh")), (torch.randn(2, 64),), {})
+    assert tanh is not None and tanh.arguments[-1] == ("literal", "gelu_tanh")
+    silu = match_call(LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=128)), (torch.randn(2, 64),), {})
+    assert silu is not None and silu.arguments[-1] == ("literal", "silu")  # same class, other activation
+
+
+def test_other_computations_and_dtypes_do_not_match():
+    assert _family(SqrtNorm(32), torch.randn(3, 32)) is None
+    # in bfloat16 T5's norm multiplies in the weight's dtype, unlike Llama's: no longer the same computation
+    xb = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    assert _family(LlamaRMSNorm(64).to(torch.bfloat16), xb) == "rms_norm"
+    assert _family(T5LayerNorm(64).to(torch.bfloat16), xb) is None
+    assert match_call(LlamaRMSNorm(64), (torch.randn(2, 64),), {"extra": 1}) is None
+
+
+@pytest.fixture
+def fixture_kernels(monkeypatch, tmp_path):
+    """The library reads its kernel files from a copy of tests/fixtures/library."""
+    root = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, root)
+    monkeypatch.setattr(library_provider, "KERNELS", root)
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    library_provider.kernel_file.cache_clear()
+    yield root
+    library_provider.kernel_file.cache_clear()
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm_a = LlamaRMSNorm(96)
+        self.norm_b = ScaledNorm(96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_b(self.norm_a(x) + x)
+
+
+@pytest.mark.needs_cxx
+def test_optimize_installs_library_kernels_for_real_and_user_classes(fixture_kernels):
+    model = Block().eval()
+    with torch.no_grad():
+        model.norm_a.weight.normal_()
+    x = torch.randn(2, 7, 96)
+    with torch.inference_mode():
+        want = model(x)
+        metal_accel.optimize(model, (x,), backend="cpu", margin=-0.9, end_to_end=False)
+        got = model(x)
+    rows = {m.name: m for m in metal_accel.explain(model).modules}
+    for name in ("norm_a", "norm_b"):
+        assert rows[name].status == "kernel", rows[name].reason
+        assert rows[name].source == "library:rms_norm"
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.needs_cxx
+def test_a_wrong_library_kernel_is_rejected(fixture_kernels):
+    path = fixture_kernels / "cpu" / "rms_norm.py"
+    path.write_text(path.read_text().replace("ss / (float)dim + eps", "ss / (float)dim + 2 * eps"))
+    model = nn.Sequential(LlamaRMSNorm(64, eps=1e-2)).eval()
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        metal_accel.optimize(model, (x,), backend="cpu", margin=-0.9, end_to_end=False)
+    row = next(m for m in metal_accel.explain(model).modules if m.name == "0")
+    assert row.status == "eager"
+    assert any(r.startswith("library:rms_norm") for r in row.rejected), row.rejected
+
+
+def test_library_sources_are_trusted_like_shipped_kernels(fixture_kernels, monkeypatch):
+    from metal_accel.runtime import native_policy
+    monkeypatch.delenv("METAL_ACCEL_TRUST_NATIVE", raising=False)
+    library_provider.library_sources.cache_clear()
+    try:
+        text = (fixture_kernels / "cpu" / "rms_norm.py").read_text()
+        source = text.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]
+        assert native_policy.is_trusted(source)
+        assert not native_policy.is_trusted(source + "\n// changed")
+    finally:
+        library_provider.library_sources.cache_clear()
+
+
+IMPORT_ALONE = """
+import json, sys, torch
+from pathlib import Path
+import metal_accel                                  # patches the library's known classes as they are imported
+import metal_accel.library.provider as provider
+provider.KERNELS = Path({kernels!r})                # the test's kernel files in place of the shipped ones
+provider.kernel_file.cache_clear(); provider.library_sources.cache_clear()
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+import metal_accel.auto.hook as hook
+m = LlamaRMSNorm(512).eval()
+with torch.no_grad():
+    m.weight.normal_()
+x = torch.randn(8, 512)
+with torch.inference_mode():
+    ys = [m(x) for _ in range(3)]
+    other = m(torch.randn(3, 512))  # another number of rows: the proof swept rows, so no new proof
+auto = m.__dict__.get("_metal_accel_auto")
+patched = [c.__name__ for c in hook.patched_classes()]
+hook.deactivate()
+with torch.inference_mode():
+    ref = m(x)
+print(json.dumps({{"hits": auto.hits if auto else 0, "patched": patched,
+                  "max_err": max(((y - ref).abs() / (ref.abs() + 1)).max().item() for y in ys)}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_import_alone_runs_library_kernels_on_known_classes(fixture_kernels, isolated_user_cache):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from limits import HANG_S
+    env = {**os.environ, "METAL_ACCEL_USER_CACHE": str(isolated_user_cache), "METAL_ACCEL_LIBRARY": "1"}
+    script = IMPORT_ALONE.format(kernels=str(fixture_kernels))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "LlamaRMSNorm" in res["patched"]
+    assert res["hits"] == 4, out.stderr  # proven at the first call, then run from the table
+    assert out.stderr.count("proving the library's") == 1, out.stderr
+    assert res["max_err"] < 1e-5
+    # the proof's verdict is in the user cache: a new process runs the kernel without proving it again
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)
+    assert again.returncode == 0 and "proving" not in again.stderr, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["hits"] == 4
+
+
+@pytest.mark.needs_cxx
+def test_one_proof_serves_every_leading_shape(fixture_kernels):
+    """The proof sweeps other leading dimensions (one row, an odd count); then a new batch or a decode step's
+    shape installs the kernel without a new proof."""
+    model = nn.Sequential(LlamaRMSNorm(96)).eval()
+    with torch.inference_mode():
+        metal_accel.optimize(model, (torch.randn(2, 7, 96),), backend="cpu", margin=-0.9, end_to_end=False)
+    first = next(m for m in metal_accel.explain(model).modules if m.name == "0")
+    assert first.status == "kernel" and first.source == "library:rms_norm"
+    from metal_accel.store import cache as cache_mod
+    entries = [e for e in cache_mod.user_cache().entries("cpu") if e.candidate is not None]
+    swept = [v.details.get("sweep", {}).get("shapes") for e in entries for v in e.verdicts.values()]
+    assert [[1, 1, 96], [2, 15, 96]] in swept
+    for shape in ((1, 1, 96), (5, 3, 96)):
+        x = torch.randn(*shape)
+        with torch.inference_mode():
+            want = model[0](x)
+            metal_accel.optimize(model, (x,), backend="cpu", margin=-0.9, end_to_end=False)
+            got = model(x)
+        row = next(m for m in metal_accel.explain(model).modules if m.name == "0")
+        assert row.status == "kernel" and "shape-generic, proven at 2x7x96" in row.source, row.source
+        torch.testing.assert_close(got, want)
