@@ -187,6 +187,31 @@ def main_tensor(out: Any) -> Any:
     raise TypeError(f"no output tensor in {type(out).__name__}")
 
 
+def output_tolerance(model: Any, args: tuple, kwargs: dict, ref: Any, dtype_name: str, row: dict) -> float:
+    """The relative error norm an output may differ from eager's by. float32: 1e-4, or twice eager's own error
+    against the model run in float64 where that is more: on a GPU eager itself runs cuDNN convolutions in TF32
+    (PyTorch's default, torch.backends.cudnn.allow_tf32), so a conv net's fp32 outputs differ from float64 by
+    about 2e-4 whoever computes them, and 1e-4 from eager's would flag every correct alternative."""
+    import copy
+
+    import torch
+    base = TOLERANCE[dtype_name]
+    if dtype_name != "fp32":
+        return base
+    try:
+        exact = copy.deepcopy(model).double()
+        cast = lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        ref64 = exact(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        del exact
+        own = compare(ref, ref64)["rel_err"]
+    except Exception as exc:  # no float64 run of this model: the fixed tolerance
+        row["notes"].append(f"no float64 reference: {_err(exc)}")
+        return base
+    row["eager_vs_float64"] = own
+    row["tolerance_rel_err"] = max(base, 2 * own)
+    return row["tolerance_rel_err"]
+
+
 def compare(out: Any, ref: Any) -> dict:
     import torch
     a, b = main_tensor(out).double(), main_tensor(ref).double()
@@ -271,6 +296,7 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
     contenders = [Contender("eager", fwd(model)), Contender("eager_again", fwd(model))]
     with torch.inference_mode():
         ref = model(*args, **b.kwargs)
+        tolerance = output_tolerance(model, args, b.kwargs, ref, dtype_name, row)
         sync()
         t0 = time.perf_counter()
         try:
@@ -302,7 +328,7 @@ def run_child(name: str, device: str, dtype_name: str, rounds: int, gen_rounds: 
                 off()
         row["import_hook_active_at_import"] = hook_was_active
         for name_out, cmp in row.get("outputs", {}).items():
-            cmp["ok"] = cmp["finite"] and cmp["rel_err"] <= TOLERANCE[dtype_name]
+            cmp["ok"] = cmp["finite"] and cmp["rel_err"] <= tolerance
         # warm-up and calibration: every contender a few calls, then blocks of about block_s seconds
         for c in contenders:
             c.enter()
@@ -360,6 +386,7 @@ def run_warm(name: str, device: str, dtype_name: str) -> dict:
     sync = sync_fn(device)
     with torch.inference_mode():
         ref = model(*args, **b.kwargs)
+        tolerance = output_tolerance(model, args, b.kwargs, ref, dtype_name, {"notes": []})
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     metal_accel.optimize(model, args, b.kwargs or None, workload=workload_of(b, args))
@@ -373,7 +400,7 @@ def run_warm(name: str, device: str, dtype_name: str) -> dict:
         sync()
         out["warm_first_call_s"] = time.perf_counter() - t0
         cmp = compare(got, ref)
-        cmp["ok"] = cmp["finite"] and cmp["rel_err"] <= TOLERANCE[dtype_name]
+        cmp["ok"] = cmp["finite"] and cmp["rel_err"] <= tolerance
         out["warm_output"] = cmp
     return out
 
