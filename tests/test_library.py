@@ -10,6 +10,7 @@ from torch import nn
 
 import metal_accel
 from metal_accel.library import provider as library_provider
+from metal_accel.library import sources as library_sources
 from metal_accel.library.match import clear_memo, match_call
 
 transformers = pytest.importorskip("transformers")
@@ -97,7 +98,7 @@ def fixture_kernels(monkeypatch, tmp_path):
     """The library reads its kernel files from a copy of tests/fixtures/library."""
     root = tmp_path / "kernels"
     shutil.copytree(FIXTURES, root)
-    monkeypatch.setattr(library_provider, "KERNELS", root)
+    monkeypatch.setattr(library_sources, "KERNELS", root)
     monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
     library_provider.kernel_file.cache_clear()
     yield root
@@ -147,23 +148,23 @@ def test_a_wrong_library_kernel_is_rejected(fixture_kernels):
 def test_library_sources_are_trusted_like_shipped_kernels(fixture_kernels, monkeypatch):
     from metal_accel.runtime import native_policy
     monkeypatch.delenv("METAL_ACCEL_TRUST_NATIVE", raising=False)
-    library_provider.library_sources.cache_clear()
+    library_sources.library_sources.cache_clear()
     try:
         text = (fixture_kernels / "cpu" / "rms_norm.py").read_text()
         source = text.split('SOURCE = r"""', 1)[1].split('"""', 1)[0]
         assert native_policy.is_trusted(source)
         assert not native_policy.is_trusted(source + "\n// changed")
     finally:
-        library_provider.library_sources.cache_clear()
+        library_sources.library_sources.cache_clear()
 
 
 IMPORT_ALONE = """
 import json, sys, torch
 from pathlib import Path
 import metal_accel                                  # patches the library's known classes as they are imported
-import metal_accel.library.provider as provider
-provider.KERNELS = Path({kernels!r})                # the test's kernel files in place of the shipped ones
-provider.kernel_file.cache_clear(); provider.library_sources.cache_clear()
+import metal_accel.library.provider as provider, metal_accel.library.sources as sources
+sources.KERNELS = Path({kernels!r})                 # the test's kernel files in place of the shipped ones
+provider.kernel_file.cache_clear(); sources.library_sources.cache_clear()
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 import metal_accel.auto.hook as hook
 m = LlamaRMSNorm(512).eval()
@@ -229,3 +230,15 @@ def test_one_proof_serves_every_leading_shape(fixture_kernels):
         row = next(m for m in metal_accel.explain(model).modules if m.name == "0")
         assert row.status == "kernel" and "shape-generic, proven at 2x7x96" in row.source, row.source
         torch.testing.assert_close(got, want)
+
+
+def test_catalog_and_doctor_say_which_kernels_apply_here(capsys, monkeypatch):
+    from metal_accel.cli.main import main as cli_main
+    from metal_accel.library.catalog import catalog
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    rows = {c.family: c for c in catalog()}
+    assert set(rows) >= {"rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp"}
+    assert "LlamaRMSNorm" in rows["rms_norm"].classes and "mps" in rows["rms_norm"].backends
+    assert cli_main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "library rms_norm" in out and "LlamaRMSNorm" in out

@@ -16,6 +16,7 @@ from ..backends.cpu.backend import find_compiler
 from ..core import config
 from ..core.errors import MetalAccelError
 from ..core.version import VERSION as __version__
+from ..library import catalog as library_catalog
 from ..store import cache as cache_mod
 from . import bench as cli_bench
 from . import bundle as cli_bundle
@@ -44,6 +45,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for c in cache_mod.read_only_caches():
         state = "" if c.root.is_dir() else " (missing)"
         print(f"read-only cache {c.name}: {c.root}{state}")
+    if config.current().library:
+        for line in library_catalog.describe(usable):
+            print(line)
+    else:
+        print("library        off (METAL_ACCEL_LIBRARY=0)")
     for key in PROVIDER_KEYS:
         print(f"{key:18s} {'set' if os.environ.get(key) else 'not set'}")
     if config.disabled():

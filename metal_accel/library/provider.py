@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import logging
-from pathlib import Path
 
 import torch
 
 from ..core.provider import ProposedText, SynthesisRequest
 from ..core.specs import TensorSpec
 from .match import Match, match_call
+from . import sources
 
 log = logging.getLogger(__name__)
-KERNELS = Path(__file__).resolve().parent / "kernels"
 ORIGIN = "library"
 _LANGUAGE_DIR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "mps-emu": "mps"}
 
@@ -30,7 +28,7 @@ _LANGUAGE_DIR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "mps-emu": "mps"}
 def kernel_file(backend: str, family: str) -> tuple[str, tuple[str, ...] | None] | None:
     """(text, dtypes served or None for all) of the family's kernel file for BACKEND, or None."""
     folder = _LANGUAGE_DIR.get(backend)
-    path = KERNELS / folder / f"{family}.py" if folder else None
+    path = sources.KERNELS / folder / f"{family}.py" if folder else None
     if path is None or not path.is_file():
         return None
     text = path.read_text()
@@ -49,26 +47,6 @@ def _declared_dtypes(text: str) -> tuple[str, ...] | None:
             except ValueError:
                 return None
     return None
-
-
-@functools.cache
-def library_sources() -> frozenset[str]:
-    """sha256 of every SOURCE the library ships (all backends): as trusted as the package's own code."""
-    out = set()
-    for path in KERNELS.glob("*/*.py"):
-        try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError):
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE" for t in node.targets):
-                try:
-                    source = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-                if isinstance(source, str):
-                    out.add(hashlib.sha256(source.encode()).hexdigest())
-    return frozenset(out)
 
 
 def example_input(spec: TensorSpec, like: torch.nn.Module) -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..core import config
-from ..library.provider import library_sources
+from ..library.sources import library_sources
 from .kernel_server import RemoteLibrary
 
 NATIVE_BACKENDS = frozenset({"cpu", "mps-emu"})  # kernels that are host machine code
