@@ -132,7 +132,9 @@ class Pipeline:
         tried = {r.get("digest") for r in (entry.rejected if entry else [])}
         request = SynthesisRequest(call.module, class_path(type(call.module)), type(call.module).__name__,
                                    fingerprint, call.spec, call.output_spec, self.backend.name,
-                                   self.backend.language, eager_us=rep.eager_us or 0.0)
+                                   self.backend.language, eager_us=rep.eager_us or 0.0,
+                                   rejected={str(r.get("digest")): str(r.get("reason", ""))
+                                             for r in (entry.rejected if entry else []) if r.get("digest")})
         skip_compile = compile_not_worth_it(call.module, tuple(call.args), dict(call.kwargs)) \
             if self._compiles else ""
         evaluations = self._collect(call, key, request, rep, tried, skip_compile)

@@ -17,6 +17,7 @@ from .bridge import run_with_evaluator
 from .budget import Budget, Meter, UnknownPriceError, price_of
 from .clients import check_configured, make_client
 from .context import find_references, profile_breakdown
+from .memo import AnswerCache
 from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
 from .prompts import Prompt, build_prompt
 from .session import ClientFactory, ModuleSession
@@ -94,10 +95,11 @@ class SynthesisLoop:
         models = [m for m in self.models if m not in self.dead]
         record = ModuleRecord(request.module_class, request.backend, [m.label for m in models])
         start = time.monotonic()
-        prompt = self.prompt_for(request)
+        answers = AnswerCache(request.backend, key) if s.answer_cache else None
+        prompt = self._stored_prompt(request, answers)
         record.prompt_s = time.monotonic() - start
         session = ModuleSession(request, prompt, models, s, Budget(Meter("module", s.module_limits), self.run_meter),
-                                record, self.client_factory, self.dead)
+                                record, self.client_factory, self.dead, answers)
 
         done: list[Evaluation] = []
 
@@ -136,6 +138,18 @@ class SynthesisLoop:
         if not evaluations:
             raise SynthesisError(self._nothing_to_evaluate(record))
         return evaluations
+
+    def _stored_prompt(self, request: SynthesisRequest, answers: AnswerCache | None) -> Prompt:
+        """The prompt this module was asked with before, else a new one (saved): measured times vary from run
+        to run, and a rerun must send the same requests to find their answers."""
+        wants = {"language": request.language, "profile": self.settings.profile,
+                 "references": self.settings.references}
+        prompt = answers.load_prompt(wants) if answers is not None else None
+        if prompt is None:
+            prompt = self.prompt_for(request)
+            if answers is not None:
+                answers.save_prompt(prompt, wants)
+        return prompt
 
     def prompt_for(self, request: SynthesisRequest) -> Prompt:
         """The prompt for one request, with profile and references as the settings ask."""

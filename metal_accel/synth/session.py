@@ -13,10 +13,13 @@ from ..core.errors import CandidateFormatError
 from ..core.provider import Evaluation, SynthesisRequest
 from ..core.redact import redact
 from ..core.scrub import scrub
+from ..core.verdict import Verdict
+from ..backends import get_backend
 from .answers import AnswerProblem, read_answer
 from .bridge import AsyncEvaluate
 from .budget import Budget, Reservation, cost_of
 from .clients import ChatClient, Completion, Message, RequestFailed
+from .memo import AnswerCache, request_key
 from .models import ModelSpec, ProviderConfigError
 from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
 from .settings import SynthSettings
@@ -37,8 +40,9 @@ class ModuleSession:
 
     def __init__(self, request: SynthesisRequest, prompt: Prompt, models: list[ModelSpec], settings: SynthSettings,
                  budget: Budget, record: ModuleRecord, client_factory: ClientFactory,
-                 dead_models: dict[ModelSpec, str]) -> None:
+                 dead_models: dict[ModelSpec, str], answers: AnswerCache | None = None) -> None:
         self.request = request
+        self.answers = answers  # answers paid for earlier, by exact request (None: not kept)
         self.prompt = prompt
         self.models = models
         self.settings = settings
@@ -54,6 +58,7 @@ class ModuleSession:
         self._sem: asyncio.Semaphore | None = None
         self._bar: tqdm | None = None
         self._settled = asyncio.Event()  # set (and replaced) whenever a request settles its reservation
+        self._stored: dict[str, dict] = {}  # request key -> the stored answer's document (replayed answers)
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
@@ -144,8 +149,19 @@ class ModuleSession:
     async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
                    messages: list[Message]) -> Completion | None:
         """One request under the concurrency bound, its worst case reserved on the budget first; None
-        when the conversation must end."""
+        when the conversation must end. An answer stored for the exact same request is replayed, free."""
         assert self._sem is not None
+        args: dict | None = None
+        if self.answers is not None:
+            args = _request_args(client, self.prompt.system, messages)
+            attempt.request = request_key(model.label, args, attempt.sample)
+            hit = self.answers.get(attempt.request)
+            if hit is not None:
+                comp, self._stored[attempt.request] = hit
+                attempt.cached = True
+                log.info("metal_accel: synth %s: %s: answer replayed from the answer cache (no request sent)",
+                         self.request.class_name, attempt.tag)
+                return comp
         async with self._sem:
             if model in self.dead:
                 return None
@@ -177,6 +193,8 @@ class ModuleSession:
                                    base_url=model.base_url)
         attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
         self._settle(res, comp.tokens_in, comp.tokens_out, attempt.cost_usd)
+        if self.answers is not None and args is not None:
+            self.answers.put(attempt.request, model.label, attempt.tag, args, comp, attempt.cost_usd)
         return comp
 
     def _charge_abandoned(self, res: Reservation, model: ModelSpec, messages: list[Message], attempt: Attempt, *,
@@ -197,6 +215,8 @@ class ModuleSession:
         def reply(answer: str, feedback: str) -> None:
             nonlocal user_base
             user_base = feedback
+            if self.answers is not None and attempt.request:
+                self.answers.note(attempt.request, feedback=feedback)
             messages.extend([{"role": "assistant", "content": answer}, {"role": "user", "content": feedback}])
 
         for rnd in range(self.settings.repair_rounds + 1):
@@ -228,6 +248,18 @@ class ModuleSession:
                 reply(comp.text, redact(feedback_malformed(exc)))
                 continue
             attempt.digest = cand.digest
+            known = self.request.rejected.get(cand.digest)
+            if known is not None and cand.digest not in self._seen:  # rejected in an earlier run: not proven again
+                attempt.outcome = "rejected earlier: " + known.split("\n", 1)[0][:200]
+                self._note(attempt)
+                stored = self._stored.get(attempt.request, {})
+                if attempt.cached and stored.get("digest") == cand.digest and stored.get("feedback"):
+                    reply(comp.text, str(stored["feedback"]))  # word for word, so the next request is the same
+                else:
+                    env = get_backend(self.request.backend).environment()
+                    ev = Evaluation(cand, Verdict(env, False, known, cand.digest))
+                    reply(comp.text, redact(feedback_for(ev, self.best, duplicate=True)))
+                continue
             try:
                 ev, duplicate = await self._evaluate(cand, attempt)
             except Exception as exc:
@@ -266,6 +298,8 @@ class ModuleSession:
         if attempt.digest and attempt.digest in self.provenance and not attempt.outcome.startswith("duplicate"):
             self.provenance[attempt.digest]["outcome"] = attempt.outcome
         self.record.add_attempt(attempt)
+        if self.answers is not None and attempt.request:
+            self.answers.note(attempt.request, outcome=attempt.outcome, digest=attempt.digest)
         level = logging.WARNING if attempt.outcome.startswith("request failed") else logging.INFO
         log.log(level, "metal_accel: synth %s: %s: %s", self.request.class_name, attempt.tag, attempt.outcome)
         if self._bar is not None:
@@ -273,3 +307,12 @@ class ModuleSession:
             self._bar.set_postfix_str(f"{best}, {self.record.tokens_in + self.record.tokens_out} tok, "
                                       f"${self.record.cost_usd:.3f}", refresh=False)
             self._bar.update(1)
+
+
+def _request_args(client: ChatClient, system: str, messages: list[Message]) -> dict:
+    """The SDK call's arguments (a client without `request_args`: the model, system prompt and messages)."""
+    fn = getattr(client, "request_args", None)
+    msgs = [dict(m) for m in messages]
+    if callable(fn):
+        return fn(system, msgs)
+    return {"model": client.spec.model, "system": system, "messages": msgs}

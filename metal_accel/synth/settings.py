@@ -23,7 +23,7 @@ class SynthSettings:
     METAL_ACCEL_MODULE_MAX_WALL_S (per module), METAL_ACCEL_LLM_TIMEOUT_S, METAL_ACCEL_LLM_DEADLINE_S,
     METAL_ACCEL_PRICES ('name=IN/OUT,...', USD per million tokens), METAL_ACCEL_ANSWER_TOKENS,
     METAL_ACCEL_REASONING_TOKENS, METAL_ACCEL_REASONING_EFFORT, METAL_ACCEL_THINKING,
-    METAL_ACCEL_REASONING_MODELS (comma-separated).
+    METAL_ACCEL_REASONING_MODELS (comma-separated), METAL_ACCEL_ANSWER_CACHE (0: ask again, keep nothing).
 
     Output budgets: `max_output_tokens` is the answer's own (code and a few lines of prose). A model
     that reasons gets `reasoning_tokens` more, so that its reasoning cannot eat the answer: OpenAI
@@ -55,6 +55,7 @@ class SynthSettings:
     profile: bool = True                # include a torch.profiler breakdown of the eager forward
     references: bool = True             # include reference kernels from the caches
     progress: bool | None = None        # tqdm bars; None: when attached to a terminal
+    answer_cache: bool = True           # keep answers by exact request and replay them (METAL_ACCEL_ANSWER_CACHE=0: off)
 
     def with_(self, **changes: Any) -> "SynthSettings":
         return replace(self, **changes)
@@ -92,6 +93,8 @@ class SynthSettings:
                                 ("METAL_ACCEL_THINKING", "thinking", str)):
             if environ.get(name):
                 env[key] = conv(environ[name])
+        if environ.get("METAL_ACCEL_ANSWER_CACHE"):
+            env["answer_cache"] = environ["METAL_ACCEL_ANSWER_CACHE"] not in ("0", "off", "false")
         if environ.get("METAL_ACCEL_REASONING_MODELS"):
             env["reasoning_models"] = tuple(p.strip() for p in environ["METAL_ACCEL_REASONING_MODELS"].split(",")
                                             if p.strip())
