@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ..core import config
 from ..core.scrub import scrub
@@ -151,5 +151,3 @@ class RunJournal:
         self.path.unlink(missing_ok=True)
 
 
-def count_files(dirs: Iterable[Path]) -> int:
-    return sum(1 for d in dirs for p in d.rglob("*") if p.is_file())

@@ -290,6 +290,29 @@ def _best_line(best: Best | None, this_origin: str) -> str:
     return f"The fastest accepted candidate so far runs at {best.speedup:.2f}x eager{us}."
 
 
+def feedback_speed(ev: Evaluation, best: Best | None, compile_us: float | None, rounds_left: int, *,
+                   duplicate: bool = False) -> str:
+    """A correct kernel that is not yet the fastest: its measured standing, and a request for a faster one."""
+    v = ev.verdict
+    kernel = v.kernel_us or 0.0
+    dup = "Your answer is identical to a candidate already evaluated. " if duplicate else ""
+    eager = f"{v.eager_us:.1f} µs ({v.speedup or 0:.2f}x eager)." if v.eager_us is not None else "not measured."
+    lines = [f"{dup}Accepted: correct. Yours: {kernel:.1f} µs per call; eager: {eager}"]
+    if compile_us is not None and kernel:
+        ratio = compile_us / kernel
+        lines.append(f"torch.compile: {compile_us:.1f} µs per call: yours is "
+                     + (f"{ratio:.2f}x faster." if ratio > 1 else f"{1 / ratio:.2f}x slower: it still loses to torch.compile."))
+    if best is not None and best.origin != ev.candidate.origin and (v.speedup or 0) < best.speedup:
+        us = f" ({best.kernel_us:.1f} µs)" if best.kernel_us else ""
+        lines.append(f"Another candidate is faster: {best.speedup:.2f}x eager{us}.")
+    profile = v.details.get("kernel_profile") if isinstance(v.details, dict) else None
+    if profile:
+        lines.append("Profile of your kernel:\n" + str(profile))
+    lines.append(f"Make it faster (the fastest correct candidate is used; {rounds_left} more answer"
+                 f"{'s' if rounds_left != 1 else ''} for speed): reply with one improved ```python block.")
+    return "\n".join(lines)
+
+
 def feedback_for(ev: Evaluation, best: Best | None, *, duplicate: bool = False) -> str:
     """What the model is told about its previous answer."""
     v = ev.verdict

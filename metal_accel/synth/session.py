@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Callable
@@ -21,7 +22,8 @@ from .budget import Budget, Reservation, cost_of
 from .clients import ChatClient, Completion, Message, RequestFailed
 from .memo import AnswerCache, request_key
 from .models import ModelSpec, ProviderConfigError
-from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
+from .prompts import (Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_speed,
+                      feedback_truncated)
 from .settings import SynthSettings
 from .stats import Attempt, InFlight, ModuleRecord
 
@@ -70,7 +72,7 @@ class ModuleSession:
                 clients[m] = self.client_factory(m, s)
             except ProviderConfigError as exc:
                 self.dead[m] = str(exc)
-        total = len(clients) * s.samples * (s.repair_rounds + 1)
+        total = len(clients) * s.samples * (s.repair_rounds + 1 + s.speed_rounds)
         self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
                          disable=None if s.progress is None else not s.progress)
         beat = asyncio.create_task(self._heartbeat())
@@ -219,7 +221,11 @@ class ModuleSession:
                 self.answers.note(attempt.request, feedback=feedback)
             messages.extend([{"role": "assistant", "content": answer}, {"role": "user", "content": feedback}])
 
-        for rnd in range(self.settings.repair_rounds + 1):
+        limit = self.settings.repair_rounds + 1  # answers this conversation may take (speed rounds add some)
+        speed = False
+        for rnd in itertools.count():
+            if rnd >= limit:
+                return
             attempt = Attempt(model.label, sample, rnd)
             if model in self.dead:
                 return
@@ -271,7 +277,13 @@ class ModuleSession:
                 ("accepted: " if ev.verdict.accepted else "rejected: ") + ev.verdict.reason.split("\n", 1)[0][:200]
             self._note(attempt)
             if ev.verdict.accepted:
-                return
+                if not speed:  # the first correct kernel: speed rounds may follow, up to `speed_rounds` answers
+                    speed, limit = True, rnd + 1 + max(0, self.settings.speed_rounds)
+                if rnd + 1 >= limit or self._is_fastest(ev) or self.budget.exceeded():
+                    return
+                reply(comp.text, redact(feedback_speed(ev, self.best, self.request.compile_us, limit - rnd - 1,
+                                                       duplicate=duplicate)))
+                continue
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
             reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))
 
@@ -287,6 +299,14 @@ class ModuleSession:
         if self._bar is not None:
             self._bar.set_postfix_str(f"evaluating {attempt.tag}", refresh=True)
         return await asyncio.shield(fut), False
+
+    def _is_fastest(self, ev: Evaluation) -> bool:
+        """Whether an accepted candidate beats eager (it does, being accepted), torch.compile (when it was
+        measured) and every other candidate of this module so far (ties included)."""
+        v = ev.verdict
+        if v.kernel_us is None or (self.request.compile_us is not None and v.kernel_us >= self.request.compile_us):
+            return False
+        return self.best is None or (v.speedup or 0.0) >= self.best.speedup * (1 - 1e-9)
 
     def _update_best(self, ev: Evaluation) -> None:
         v = ev.verdict
