@@ -189,6 +189,8 @@ class Pipeline:
             if kind != "inductor":
                 continue
             request.compile_us = ev.verdict.kernel_us
+            if ev.verdict.eager_us:  # the benchmark's eager time, not one capture sample
+                request.eager_us, request.eager_benchmarked = ev.verdict.eager_us, True
             if ev.verdict.kernel_us is not None and self._asks_llms:
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
         if call.compile_only and self._asks_llms:

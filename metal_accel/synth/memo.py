@@ -3,6 +3,7 @@
 Layout, in the user cache (`metal-accel cache clear` removes it):
 
     synth/<backend>/<entry key>/prompt.json        the task prompt asked with (reused, so a rerun asks the same)
+    synth/<backend>/<entry key>/signature.json     what the module computes (its aten op multiset, hashed)
     synth/<backend>/<entry key>/<request sha>.json  one answer: the request (model, system prompt, messages,
                                                     parameters), the answer, its usage, and what became of it
     synth/runs/<run sha>.jsonl                     problems a `metal-accel synth` run finished
@@ -30,7 +31,7 @@ from .prompts import Prompt
 log = logging.getLogger(__name__)
 FORMAT = 1
 DIR = "synth"
-PROMPT_VERSION = 1  # bump when the prompt's content changes, so saved prompts are rebuilt
+PROMPT_VERSION = 2  # bump when the prompt's content changes, so saved prompts are rebuilt
 
 
 def synth_root() -> Path:
@@ -100,7 +101,7 @@ class AnswerCache:
 
     def transcripts(self) -> list[dict[str, Any]]:
         """Every stored answer of this module, oldest first."""
-        docs = [d for p in sorted(self.dir.glob("*.json")) if p.name != "prompt.json"
+        docs = [d for p in sorted(self.dir.glob("*.json")) if p.name not in ("prompt.json", "signature.json")
                 for d in [self._read(p)] if d is not None]
         return sorted(docs, key=lambda d: d.get("created", 0))
 
@@ -111,9 +112,24 @@ class AnswerCache:
             return None
         return Prompt(str(doc["system"]), str(doc["user"]))
 
+    def save_signature(self, signature: str, ops: Mapping[str, int]) -> None:
+        """What the module computes (facts.signature), so that a later module computing the same can find
+        this one's kernel as a reference."""
+        if signature:
+            self._write(self.dir / "signature.json", {"format": FORMAT, "signature": signature, "ops": dict(ops)})
+
     def save_prompt(self, prompt: Prompt, wants: Mapping[str, Any]) -> None:
         self._write(self.dir / "prompt.json", {"format": FORMAT, "version": PROMPT_VERSION, "wants": dict(wants),
                                                "system": prompt.system, "user": prompt.user})
+
+
+def stored_signature(backend: str, entry_key: str, root: Path | None = None) -> str:
+    """The op signature saved when the module of `entry_key` was synthesized ('' if none)."""
+    try:
+        doc = json.loads(((root or synth_root()) / backend / entry_key / "signature.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(doc.get("signature", "")) if isinstance(doc, dict) else ""
 
 
 class RunJournal:
