@@ -135,7 +135,9 @@ class Pipeline:
         tried = {r.get("digest") for r in (entry.rejected if entry else [])}
         request = SynthesisRequest(call.module, class_path(type(call.module)), type(call.module).__name__,
                                    fingerprint, call.spec, call.output_spec, self.backend.name,
-                                   self.backend.language, eager_us=rep.eager_us or 0.0)
+                                   self.backend.language, eager_us=rep.eager_us or 0.0,
+                                   rejected={str(r.get("digest")): str(r.get("reason", ""))
+                                             for r in (entry.rejected if entry else []) if r.get("digest")})
         skip_compile = compile_not_worth_it(call.module, tuple(call.args), dict(call.kwargs)) \
             if self._compiles else ""
         evaluations = self._collect(call, key, request, rep, tried, skip_compile)
@@ -210,6 +212,8 @@ class Pipeline:
             if kind != "inductor":
                 continue
             request.compile_us = ev.verdict.kernel_us
+            if ev.verdict.eager_us:  # the benchmark's eager time, not one capture sample
+                request.eager_us, request.eager_benchmarked = ev.verdict.eager_us, True
             if ev.verdict.kernel_us is not None and self._asks_llms:
                 request.compiled_code = generated_code(call.module, tuple(call.args), dict(call.kwargs))
         if call.compile_only and self._asks_llms:

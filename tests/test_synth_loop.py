@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs_cxx]
 pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 SECRET = "sk-test-SECRET-0123456789"
-QUICK = SynthSettings(samples=1, repair_rounds=2, concurrency=4, request_timeout_s=120.0, sdk_max_retries=1,
+QUICK = SynthSettings(samples=1, repair_rounds=2, speed_rounds=0, concurrency=4, request_timeout_s=120.0, sdk_max_retries=1,
                       extra_retries=0, retry_backoff_s=0.05, profile=False, references=False, progress=False,
                       prices={"claude-test": (3.0, 15.0)})
 

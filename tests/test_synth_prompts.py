@@ -18,6 +18,8 @@ from metal_accel.kernelbench.problems import Problem
 from metal_accel.core.specs import InputSpec, OutputSpec
 from metal_accel.synth import prompts
 from metal_accel.core.provider import Evaluation, SynthesisRequest
+from metal_accel.synth.facts import op_multiset, signature
+from metal_accel.synth.memo import AnswerCache
 from metal_accel.synth.context import find_references, profile_breakdown
 from metal_accel.synth.loop import SynthesisLoop
 from metal_accel.synth.settings import SynthSettings
@@ -158,19 +160,20 @@ def test_references_from_the_caches():
     req = request_for(module, torch.randn(2, 8, 64))
     cuda_spec = InputSpec.of((torch.randn(2, 8, 64),), {"k": 2.0})
     cuda_kernel = _store(module, cuda_spec, "cuda", "cuda", req.output_spec)
-    similar = GatedNormV2(32).eval()
-    _store(similar, InputSpec.of((torch.randn(2, 8, 32),), {"k": 2.0}), "cpu", "c++", req.output_spec)
-    refs = find_references(req.fingerprint, req.class_name, "cpu")
-    assert [r.why for r in refs] == ["the same module on the cuda backend",
-                                    "the most similar cached module (GatedNormV2)"]
+    similar = GatedNormV2(32).eval()  # another class, the same computation: found by its op signature
+    spec = InputSpec.of((torch.randn(2, 8, 32),), {"k": 2.0})
+    _store(similar, spec, "cpu", "c++", req.output_spec)
+    ops = op_multiset(similar, spec, "cpu")
+    AnswerCache("cpu", entry_key(module_fingerprint(similar), spec, "cpu")).save_signature(signature(ops, spec), ops)
+    sig = signature(op_multiset(module, req.input_spec, "cpu"), req.input_spec)
+    refs = find_references(req.fingerprint, sig, "cpu")
+    assert [r.why for r in refs] == ["the same module on the cuda backend", "a cached module that runs the same ops"]
     text = prompts.task_prompt(req, device="cpu", references=refs)
     assert "## Reference kernels" in text and cuda_kernel.code.strip()[:60] in text and "2.00x eager there" in text
     loop = SynthesisLoop(["openai:gpt-4o"], SynthSettings(profile=False), client_factory=lambda m, s: None)
     assert "the same module on the cuda backend" in loop.prompt_for(req).user
-    assert find_references("0" * 64, "Conv2dBlock", "cpu", entries=[]) == []
-    similar = find_references("0" * 64, "LlamaGatedNormV2", "cpu")  # names containing one another
-    assert [r.why for r in similar] == ["the most similar cached module (GatedNormV2)",  # same backend first
-                                        "the most similar cached module (GatedNorm)"]
+    assert find_references("0" * 64, sig, "cpu", entries=[]) == []
+    assert find_references("0" * 64, "", "cpu") == []  # no signature: nothing by structure, never by name
 
 
 def _evaluation(reason: str, accepted: bool = False, speedup: float | None = None, origin: str = "m#s0r0") -> Evaluation:

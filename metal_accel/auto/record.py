@@ -1,6 +1,6 @@
 """METAL_ACCEL_RECORD=1: remember the module calls that ran eager, so they can be synthesized offline.
 
-Each (module fingerprint, input spec) without a kernel is counted with its eager time in
+Each (module fingerprint, input spec, keyword arguments included) without a kernel is counted with its eager time in
 `<user cache>/recorded/`, next to a pickled copy of the module (once per fingerprint), which is
 what `metal-accel synth --recorded` optimizes later. Recording costs two hooks per module call;
 it is meant for a profiling run, not for production.
@@ -64,7 +64,7 @@ class Recorder:
     def start(self) -> None:
         reg = torch.nn.modules.module
         self._handles = [reg.register_module_forward_pre_hook(self._pre),
-                         reg.register_module_forward_hook(self._post)]
+                         reg.register_module_forward_hook(self._post, with_kwargs=True)]
         atexit.register(self.flush)
 
     def stop(self) -> None:
@@ -76,16 +76,16 @@ class Recorder:
     def _pre(self, module: nn.Module, args: tuple) -> None:
         self._stack.append(time.perf_counter())
 
-    def _post(self, module: nn.Module, args: tuple, out: Any) -> None:
+    def _post(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
         elapsed = time.perf_counter() - self._stack.pop() if self._stack else 0.0
-        if _has_kernel(module, args):
+        if _has_kernel(module, args, kwargs):
             return
         fp = self._fingerprint(module)
         if fp is None:
             return
         try:
-            spec = InputSpec.of(args)
-        except UnsupportedCall:
+            spec = InputSpec.of(args, kwargs)  # keyword arguments too: the call is replayed as it was made
+        except (UnsupportedCall, TypeError, ValueError):
             return
         with self._lock:
             slot = self._counts.setdefault((fp, spec.key), [(module, spec), 0, 0.0])
@@ -129,12 +129,12 @@ class Recorder:
                 atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
-def _has_kernel(module: nn.Module, args: tuple) -> bool:
+def _has_kernel(module: nn.Module, args: tuple, kwargs: dict[str, Any] | None = None) -> bool:
     disp = dispatcher_of(module) or module.__dict__.get(_AUTO_ATTR)
     if disp is None or not disp.table:
         return False
     try:
-        return call_signature(args, {}) in disp.table
+        return call_signature(args, kwargs or {}) in disp.table
     except TypeError:
         return False
 
@@ -194,7 +194,13 @@ def synthesize_recorded(providers: list[Any], *, top: int = 10, backend: str | N
             continue
         tensors = rec.input_spec.tensor_specs()
         device = tensors[0].device if tensors else "cpu"
-        args, kwargs = make_inputs(rec.input_spec, "normal", torch.Generator().manual_seed(0), device)
-        optimize(module.eval(), args, kwargs, backend=backend, providers=providers, **optimize_kwargs)
+        try:
+            args, kwargs = make_inputs(rec.input_spec, "normal", torch.Generator().manual_seed(0), device)
+            with torch.no_grad():
+                module.eval()(*args, **kwargs)  # a call that cannot be replayed is reported, never raised
+        except Exception as exc:
+            out.append((rec, f"skipped: cannot replay the recorded call: {type(exc).__name__}: {exc}"))
+            continue
+        optimize(module, args, kwargs, backend=backend, providers=providers, **optimize_kwargs)
         out.append((rec, explain(module)))
     return out

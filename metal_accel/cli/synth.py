@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..api import explain, optimize, restore
@@ -14,6 +15,7 @@ from ..core.errors import MetalAccelError
 from ..kernelbench.problems import load_problems
 from ..synth.budget import Limits
 from ..synth.loop import SynthesisLoop
+from ..synth.memo import RunJournal
 from ..synth.settings import SynthSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--all-modules", action="store_true", help="also synthesize the Model's submodules")
     p.add_argument("--no-profile", action="store_true", help="leave the profiler breakdown out of prompts")
     p.add_argument("--json", action="store_true", help="print the reports as JSON lines")
+    p.add_argument("--restart", action="store_true",
+                   help="redo problems an earlier run of the same command finished (default: resume after them)")
     p.set_defaults(fn=cmd_synth)
 
 
@@ -69,9 +73,13 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def cmd_synth(args: argparse.Namespace) -> int:
 
-    loop = SynthesisLoop(args.models, _settings(args))
-    problem = loop.configuration_error
-    if problem:
+    try:
+        loop = SynthesisLoop(args.models, _settings(args))
+    except MetalAccelError as exc:  # a model name that cannot be parsed
+        print(f"metal-accel synth: {exc}", file=sys.stderr)
+        return 2
+    problem = loop.configuration_error or "; ".join(loop.dead.values())
+    if problem:  # every model named must be usable before anything is loaded, profiled or sent
         print(f"metal-accel synth: {problem}", file=sys.stderr)
         return 2
     if args.recorded:
@@ -89,10 +97,18 @@ def cmd_synth(args: argparse.Namespace) -> int:
         return 1
     kernels = 0
     out = sys.stderr if args.json else sys.stdout
+    journal = RunJournal(_identity(args, loop, backend.name))
+    if args.restart:
+        journal.reset()
+    finished = journal.finished()
     try:
         for pr in problems:
             if loop.interrupted:
                 break
+            if pr.name in finished:
+                kernels += int(finished[pr.name].get("kernels", 0))
+                print(f"# {pr.name}: finished by an earlier run of this command (--restart redoes it)", file=out)
+                continue
             try:
                 model, inputs = pr.instantiate(backend.device_type)
             except MetalAccelError as exc:
@@ -115,10 +131,30 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 for r in records:
                     print("  synth " + r.summary())
                 print()
+            if _finished(loop, records):  # else a rerun of this command picks it up again
+                journal.add(pr.name, kernels=len(report.kernels))
     except KeyboardInterrupt:
         loop.interrupted = True
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {loop.run_meter.summary()}", file=out)
     return _exit_code(loop)
+
+
+def _finished(loop: SynthesisLoop, records: list[Any]) -> bool:
+    """Whether a problem's synthesis ran its course: not interrupted, not stopped by the run's budget,
+    no request that failed (a rerun asks those again; what was answered replays from the answer cache)."""
+    if loop.interrupted or loop.run_meter.exceeded():
+        return False
+    return not any((r.stop_reason and not r.stop_reason.startswith("module "))
+                   or any(a.outcome.startswith("request failed") for a in r.attempts)
+                   for r in records)
+
+
+def _identity(args: argparse.Namespace, loop: SynthesisLoop, backend: str) -> dict[str, Any]:
+    """What makes two invocations the same run (the second resumes the first): the problems, the models,
+    the backend and how hard to try; not the budgets, --limit or the output format."""
+    return {"path": str(Path(args.path).resolve()), "models": [m.label for m in loop.models], "backend": backend,
+            "level": args.level, "ids": args.ids, "names": args.names, "all_modules": args.all_modules,
+            "samples": loop.settings.samples, "rounds": loop.settings.repair_rounds}
 
 
 def _exit_code(loop: Any) -> int:

@@ -31,6 +31,8 @@ class SynthesisRequest:
     feedback: list[str] = field(default_factory=list)
     compile_us: float | None = None   # torch.compile's time for this call, when it was measured
     compiled_code: str = ""           # what inductor generated: a working starting point to beat
+    rejected: dict[str, str] = field(default_factory=dict)  # candidate digest -> why it was rejected (cached)
+    eager_benchmarked: bool = False   # eager_us comes from a benchmark (else from one capture: measured again)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
 """Extra context for a prompt: a profile of the eager forward and reference kernels from the caches."""
 from __future__ import annotations
 
-import difflib
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -80,28 +79,31 @@ def _best_speedup(entry: CacheEntry) -> float | None:
     return max(speeds) if speeds else None
 
 
-def _score(entry: CacheEntry, fingerprint: str, class_name: str, backend: str, key: str) -> tuple[float, str]:
-    name = entry.module_class.rsplit(".", 1)[-1]
+def _score(entry: CacheEntry, fingerprint: str, signature: str, backend: str, key: str,
+           signature_of: Callable[[CacheEntry], str]) -> tuple[float, str]:
+    """How good a reference `entry` is, by what it computes: the same module (fingerprint: its source and
+    configuration) elsewhere, else a module whose op signature is the same. Never by class name (every
+    KernelBench class is named Model)."""
     if entry.module_fingerprint == fingerprint:
         if entry.backend != backend:
             return 3.0, f"the same module on the {entry.backend} backend"
         if entry.key != key:
             return 2.5, "the same module for other input shapes"
         return 0.0, ""
-    same_backend = 0.2 if entry.backend == backend else 0.0
-    if name == class_name:
-        return 2.0 + same_backend, "a module of the same class with another configuration"
-    a, b = name.lower(), class_name.lower()
-    ratio = 0.9 if (a in b or b in a) else difflib.SequenceMatcher(None, a, b).ratio()  # LlamaRMSNorm ~ RMSNorm
-    if ratio >= 0.75:
-        return ratio + same_backend, f"the most similar cached module ({name})"
+    if signature and signature_of(entry) == signature:
+        return 2.0 + (0.2 if entry.backend == backend else 0.0), "a cached module that runs the same ops"
     return 0.0, ""
 
 
-def find_references(fingerprint: str, class_name: str, backend: str, key: str = "", *, limit: int = 2,
-                    entries: Iterable[CacheEntry] | None = None) -> list[Reference]:
+def find_references(fingerprint: str, signature: str, backend: str, key: str = "", *, limit: int = 2,
+                    entries: Iterable[CacheEntry] | None = None,
+                    signature_of: Callable[[CacheEntry], str] | None = None) -> list[Reference]:
     """Up to `limit` accepted kernels from every cache, best first: the same module on another
-    backend, the same module for other shapes, then the module with the most similar class name."""
+    backend, the same module for other shapes, then a module whose op signature (facts.signature) is
+    `signature`. `signature_of(entry)`: an entry's signature (default: the one saved when it was synthesized)."""
+    if signature_of is None:
+        from .memo import stored_signature  # memo -> prompts -> context: imported here
+        signature_of = lambda e: stored_signature(e.backend, e.key)  # noqa: E731
     if entries is None:
         entries = (e for c in cache_mod.all_caches() for e in c.entries())
     scored: list[tuple[float, str, CacheEntry]] = []
@@ -109,7 +111,7 @@ def find_references(fingerprint: str, class_name: str, backend: str, key: str = 
         for entry in entries:
             if entry.candidate is None or _best_speedup(entry) is None:
                 continue
-            score, why = _score(entry, fingerprint, class_name, backend, key)
+            score, why = _score(entry, fingerprint, signature, backend, key, signature_of)
             if score > 0:
                 scored.append((score, why, entry))
     except Exception as exc:  # an unreadable cache must not stop synthesis

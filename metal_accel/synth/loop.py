@@ -17,6 +17,8 @@ from .bridge import run_with_evaluator
 from .budget import Budget, Meter, UnknownPriceError, price_of
 from .clients import check_configured, make_client
 from .context import find_references, profile_breakdown
+from .facts import device_facts, eager_time_us, op_multiset, proof_facts, signature
+from .memo import AnswerCache
 from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
 from .prompts import Prompt, build_prompt
 from .session import ClientFactory, ModuleSession
@@ -94,10 +96,11 @@ class SynthesisLoop:
         models = [m for m in self.models if m not in self.dead]
         record = ModuleRecord(request.module_class, request.backend, [m.label for m in models])
         start = time.monotonic()
-        prompt = self.prompt_for(request)
+        answers = AnswerCache(request.backend, key) if s.answer_cache else None
+        prompt = self._stored_prompt(request, answers)
         record.prompt_s = time.monotonic() - start
         session = ModuleSession(request, prompt, models, s, Budget(Meter("module", s.module_limits), self.run_meter),
-                                record, self.client_factory, self.dead)
+                                record, self.client_factory, self.dead, answers)
 
         done: list[Evaluation] = []
 
@@ -137,18 +140,45 @@ class SynthesisLoop:
             raise SynthesisError(self._nothing_to_evaluate(record))
         return evaluations
 
-    def prompt_for(self, request: SynthesisRequest) -> Prompt:
-        """The prompt for one request, with profile and references as the settings ask."""
+    def _stored_prompt(self, request: SynthesisRequest, answers: AnswerCache | None) -> Prompt:
+        """The prompt this module was asked with before, else a new one (saved): measured times vary from run
+        to run, and a rerun must send the same requests to find their answers."""
+        wants = {"language": request.language, "profile": self.settings.profile,
+                 "references": self.settings.references}
+        prompt = answers.load_prompt(wants) if answers is not None else None
+        if prompt is None:
+            prompt = self.prompt_for(request, answers)
+            if answers is not None:
+                answers.save_prompt(prompt, wants)
+        return prompt
+
+    def prompt_for(self, request: SynthesisRequest, answers: AnswerCache | None = None) -> Prompt:
+        """The prompt for one request, with profile and references as the settings ask. The module's op
+        signature (what it computes) picks references and is saved with `answers` for later modules."""
         device = _device(request)
         try:
             device_name = get_backend(request.backend).environment().device_name
         except Exception:
             device_name = str(device)
-        profile = profile_breakdown(request.module, request.input_spec, device) if self.settings.profile else ""
-        references = find_references(request.fingerprint, request.class_name, request.backend,
+        s = self.settings
+        eager_runs = 0
+        if s.profile and not request.eager_benchmarked:  # one capture sample is no timing: measure it
+            measured = eager_time_us(request.module, request.input_spec, device)
+            if measured is not None:
+                request.eager_us, eager_runs = measured
+        profile = profile_breakdown(request.module, request.input_spec, device) if s.profile else ""
+        ops = op_multiset(request.module, request.input_spec, device) if (s.references or answers) else {}
+        sig = signature(ops, request.input_spec)
+        if answers is not None:
+            answers.save_signature(sig, ops)
+        references = find_references(request.fingerprint, sig, request.backend,
                                      entry_key(request.fingerprint, request.input_spec, request.backend)) \
-            if self.settings.references else []
-        return build_prompt(request, device=device_name, profile=profile, references=references)
+            if s.references else []
+        return build_prompt(request, device=device_name, profile=profile, references=references,
+                            device_facts=device_facts(device),
+                            proof=proof_facts(request.module, request.input_spec,
+                                              [t.dtype for t in request.output_spec.tensors]),
+                            eager_runs=eager_runs)
 
     @staticmethod
     def _nothing_to_evaluate(record: ModuleRecord) -> str:

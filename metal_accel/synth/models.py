@@ -40,8 +40,12 @@ def _public_url(url: str) -> str:
     """`url` without user:password@ and without query or fragment (they may carry tokens)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: shown as given
+        port = parts.netloc.rpartition(":")[2]
+    if port:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -54,6 +58,16 @@ def _shown(text: str) -> str:
     return f"{kind}:{_public_url(base)}{hash_}{model}"
 
 
+def _valid_base_url(url: str) -> bool:
+    """An http(s) URL with a host and, if any, a numeric port: something a client could reach."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def parse_model(spec: str) -> ModelSpec:
     """Parse one model name; raise ProviderConfigError saying what is expected."""
     text = spec.strip()
@@ -64,7 +78,7 @@ def parse_model(spec: str) -> ModelSpec:
             "'anthropic:<model>' or 'openai-compatible:<base_url>#<model>'")
     if kind == "openai-compatible":
         base_url, hash_, model = rest.rpartition("#")
-        if not hash_ or not base_url or not model or "://" not in base_url:
+        if not hash_ or not base_url or not model or not _valid_base_url(base_url):
             raise ProviderConfigError(
                 "bad model name for an OpenAI-compatible server: expected "
                 "'openai-compatible:<base_url>#<model>', e.g. 'openai-compatible:http://localhost:11434/v1#qwen2.5-coder', "

@@ -32,6 +32,7 @@ from ..sandbox.host_rules import (
 )
 from ..sandbox.kernel_source import HEADERS
 from .context import Reference
+from .facts import trim_inductor
 
 GUIDES = Path(__file__).parent / "guides"
 LANGUAGE_FILES = {"c++": "cpp", "msl": "msl", "cuda": "cuda"}
@@ -224,7 +225,8 @@ def _clip(text: str, limit: int) -> str:
 
 
 def task_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
-                references: Sequence[Reference] = ()) -> str:
+                references: Sequence[Reference] = (), device_facts: str = "", proof: str = "",
+                eager_runs: int = 0) -> str:
     """The user message of the first round: one module call to replace."""
     lang = LANGUAGE_NAMES.get(request.language, request.language)
     sections = [
@@ -232,19 +234,25 @@ def task_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
         "call below. Specialize for these exact shapes and dtypes if that helps.",
         "## Module\n" + describe_module(request.module),
         "## Call\n" + describe_call(request),
-        f"## Device\n{device} (backend `{request.backend}`, kernel language {lang}).",
+        f"## Device\n{device} (backend `{request.backend}`, kernel language {lang})."
+        + (f"\n{device_facts}" if device_facts else ""),
     ]
+    if proof:
+        sections.append("## How your answer is checked\n" + proof)
     if request.eager_us:
-        sections.append(f"## Eager time\n{request.eager_us:.1f} µs per call. To be used, your forward must take at "
-                        f"most {request.eager_us / (1 + DEFAULT_MARGIN):.1f} µs including launch overhead.")
+        how = (" (the benchmark's median)" if request.eager_benchmarked else
+               f" (median of {eager_runs} calls)" if eager_runs else "")
+        sections.append(f"## Eager time\n{request.eager_us:.1f} µs per call{how}. To be used, your forward must take "
+                        f"at most {request.eager_us / (1 + DEFAULT_MARGIN):.1f} µs including launch overhead.")
     if request.compile_us is not None:
         best = min(request.compile_us, request.eager_us) if request.eager_us else request.compile_us
         sections.append(f"## torch.compile\ntorch.compile (inductor) of this module takes {request.compile_us:.1f} µs "
                         f"per call. The goal is to be faster than both eager and torch.compile: at most "
                         f"{best / (1 + DEFAULT_MARGIN):.1f} µs.")
     if request.compiled_code:
-        sections.append("## Code inductor generated for this call (a working starting point to beat)\n```\n"
-                        + _clip(request.compiled_code, MAX_COMPILED_CODE) + "\n```")
+        sections.append("## Code inductor generated for this call (its kernels and the function that calls them, "
+                        "in order: a working starting point to beat)\n```\n"
+                        + _clip(trim_inductor(request.compiled_code), MAX_COMPILED_CODE) + "\n```")
     if profile:
         sections.append("## Profile of the eager forward (top ops by self time)\n" + profile)
     if references:
@@ -255,9 +263,11 @@ def task_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
 
 
 def build_prompt(request: SynthesisRequest, *, device: str, profile: str = "",
-                 references: Sequence[Reference] = ()) -> Prompt:
-    return Prompt(system_prompt(request.language), task_prompt(request, device=device, profile=profile,
-                                                                references=references))
+                 references: Sequence[Reference] = (), device_facts: str = "", proof: str = "",
+                 eager_runs: int = 0) -> Prompt:
+    return Prompt(system_prompt(request.language),
+                  task_prompt(request, device=device, profile=profile, references=references,
+                              device_facts=device_facts, proof=proof, eager_runs=eager_runs))
 
 
 def feedback_malformed(error: object) -> str:
@@ -288,6 +298,29 @@ def _best_line(best: Best | None, this_origin: str) -> str:
         return "This is the fastest accepted candidate so far."
     us = f", {best.kernel_us:.1f} µs" if best.kernel_us else ""
     return f"The fastest accepted candidate so far runs at {best.speedup:.2f}x eager{us}."
+
+
+def feedback_speed(ev: Evaluation, best: Best | None, compile_us: float | None, rounds_left: int, *,
+                   duplicate: bool = False) -> str:
+    """A correct kernel that is not yet the fastest: its measured standing, and a request for a faster one."""
+    v = ev.verdict
+    kernel = v.kernel_us or 0.0
+    dup = "Your answer is identical to a candidate already evaluated. " if duplicate else ""
+    eager = f"{v.eager_us:.1f} µs ({v.speedup or 0:.2f}x eager)." if v.eager_us is not None else "not measured."
+    lines = [f"{dup}Accepted: correct. Yours: {kernel:.1f} µs per call; eager: {eager}"]
+    if compile_us is not None and kernel:
+        ratio = compile_us / kernel
+        lines.append(f"torch.compile: {compile_us:.1f} µs per call: yours is "
+                     + (f"{ratio:.2f}x faster." if ratio > 1 else f"{1 / ratio:.2f}x slower: it still loses to torch.compile."))
+    if best is not None and best.origin != ev.candidate.origin and (v.speedup or 0) < best.speedup:
+        us = f" ({best.kernel_us:.1f} µs)" if best.kernel_us else ""
+        lines.append(f"Another candidate is faster: {best.speedup:.2f}x eager{us}.")
+    profile = v.details.get("kernel_profile") if isinstance(v.details, dict) else None
+    if profile:
+        lines.append("Profile of your kernel:\n" + str(profile))
+    lines.append(f"Make it faster (the fastest correct candidate is used; {rounds_left} more answer"
+                 f"{'s' if rounds_left != 1 else ''} for speed): reply with one improved ```python block.")
+    return "\n".join(lines)
 
 
 def feedback_for(ev: Evaluation, best: Best | None, *, duplicate: bool = False) -> str:

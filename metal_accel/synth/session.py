@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Callable
@@ -13,12 +14,16 @@ from ..core.errors import CandidateFormatError
 from ..core.provider import Evaluation, SynthesisRequest
 from ..core.redact import redact
 from ..core.scrub import scrub
+from ..core.verdict import Verdict
+from ..backends import get_backend
 from .answers import AnswerProblem, read_answer
 from .bridge import AsyncEvaluate
 from .budget import Budget, Reservation, cost_of
 from .clients import ChatClient, Completion, Message, RequestFailed
+from .memo import AnswerCache, request_key
 from .models import ModelSpec, ProviderConfigError
-from .prompts import Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_truncated
+from .prompts import (Best, Prompt, feedback_empty, feedback_for, feedback_malformed, feedback_speed,
+                      feedback_truncated)
 from .settings import SynthSettings
 from .stats import Attempt, InFlight, ModuleRecord
 
@@ -37,8 +42,9 @@ class ModuleSession:
 
     def __init__(self, request: SynthesisRequest, prompt: Prompt, models: list[ModelSpec], settings: SynthSettings,
                  budget: Budget, record: ModuleRecord, client_factory: ClientFactory,
-                 dead_models: dict[ModelSpec, str]) -> None:
+                 dead_models: dict[ModelSpec, str], answers: AnswerCache | None = None) -> None:
         self.request = request
+        self.answers = answers  # answers paid for earlier, by exact request (None: not kept)
         self.prompt = prompt
         self.models = models
         self.settings = settings
@@ -54,6 +60,7 @@ class ModuleSession:
         self._sem: asyncio.Semaphore | None = None
         self._bar: tqdm | None = None
         self._settled = asyncio.Event()  # set (and replaced) whenever a request settles its reservation
+        self._stored: dict[str, dict] = {}  # request key -> the stored answer's document (replayed answers)
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
@@ -65,7 +72,7 @@ class ModuleSession:
                 clients[m] = self.client_factory(m, s)
             except ProviderConfigError as exc:
                 self.dead[m] = str(exc)
-        total = len(clients) * s.samples * (s.repair_rounds + 1)
+        total = len(clients) * s.samples * (s.repair_rounds + 1 + s.speed_rounds)
         self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
                          disable=None if s.progress is None else not s.progress)
         beat = asyncio.create_task(self._heartbeat())
@@ -144,8 +151,19 @@ class ModuleSession:
     async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
                    messages: list[Message]) -> Completion | None:
         """One request under the concurrency bound, its worst case reserved on the budget first; None
-        when the conversation must end."""
+        when the conversation must end. An answer stored for the exact same request is replayed, free."""
         assert self._sem is not None
+        args: dict | None = None
+        if self.answers is not None:
+            args = _request_args(client, self.prompt.system, messages)
+            attempt.request = request_key(model.label, args, attempt.sample)
+            hit = self.answers.get(attempt.request)
+            if hit is not None:
+                comp, self._stored[attempt.request] = hit
+                attempt.cached = True
+                log.info("metal_accel: synth %s: %s: answer replayed from the answer cache (no request sent)",
+                         self.request.class_name, attempt.tag)
+                return comp
         async with self._sem:
             if model in self.dead:
                 return None
@@ -177,6 +195,8 @@ class ModuleSession:
                                    base_url=model.base_url)
         attempt.llm_s, attempt.retries, attempt.estimated_tokens = comp.latency_s, comp.retries, comp.estimated_tokens
         self._settle(res, comp.tokens_in, comp.tokens_out, attempt.cost_usd)
+        if self.answers is not None and args is not None:
+            self.answers.put(attempt.request, model.label, attempt.tag, args, comp, attempt.cost_usd)
         return comp
 
     def _charge_abandoned(self, res: Reservation, model: ModelSpec, messages: list[Message], attempt: Attempt, *,
@@ -197,9 +217,15 @@ class ModuleSession:
         def reply(answer: str, feedback: str) -> None:
             nonlocal user_base
             user_base = feedback
+            if self.answers is not None and attempt.request:
+                self.answers.note(attempt.request, feedback=feedback)
             messages.extend([{"role": "assistant", "content": answer}, {"role": "user", "content": feedback}])
 
-        for rnd in range(self.settings.repair_rounds + 1):
+        limit = self.settings.repair_rounds + 1  # answers this conversation may take (speed rounds add some)
+        speed = False
+        for rnd in itertools.count():
+            if rnd >= limit:
+                return
             attempt = Attempt(model.label, sample, rnd)
             if model in self.dead:
                 return
@@ -228,6 +254,18 @@ class ModuleSession:
                 reply(comp.text, redact(feedback_malformed(exc)))
                 continue
             attempt.digest = cand.digest
+            known = self.request.rejected.get(cand.digest)
+            if known is not None and cand.digest not in self._seen:  # rejected in an earlier run: not proven again
+                attempt.outcome = "rejected earlier: " + known.split("\n", 1)[0][:200]
+                self._note(attempt)
+                stored = self._stored.get(attempt.request, {})
+                if attempt.cached and stored.get("digest") == cand.digest and stored.get("feedback"):
+                    reply(comp.text, str(stored["feedback"]))  # word for word, so the next request is the same
+                else:
+                    env = get_backend(self.request.backend).environment()
+                    ev = Evaluation(cand, Verdict(env, False, known, cand.digest))
+                    reply(comp.text, redact(feedback_for(ev, self.best, duplicate=True)))
+                continue
             try:
                 ev, duplicate = await self._evaluate(cand, attempt)
             except Exception as exc:
@@ -239,7 +277,13 @@ class ModuleSession:
                 ("accepted: " if ev.verdict.accepted else "rejected: ") + ev.verdict.reason.split("\n", 1)[0][:200]
             self._note(attempt)
             if ev.verdict.accepted:
-                return
+                if not speed:  # the first correct kernel: speed rounds may follow, up to `speed_rounds` answers
+                    speed, limit = True, rnd + 1 + max(0, self.settings.speed_rounds)
+                if rnd + 1 >= limit or self._is_fastest(ev) or self.budget.exceeded():
+                    return
+                reply(comp.text, redact(feedback_speed(ev, self.best, self.request.compile_us, limit - rnd - 1,
+                                                       duplicate=duplicate)))
+                continue
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
             reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))
 
@@ -256,6 +300,14 @@ class ModuleSession:
             self._bar.set_postfix_str(f"evaluating {attempt.tag}", refresh=True)
         return await asyncio.shield(fut), False
 
+    def _is_fastest(self, ev: Evaluation) -> bool:
+        """Whether an accepted candidate beats eager (it does, being accepted), torch.compile (when it was
+        measured) and every other candidate of this module so far (ties included)."""
+        v = ev.verdict
+        if v.kernel_us is None or (self.request.compile_us is not None and v.kernel_us >= self.request.compile_us):
+            return False
+        return self.best is None or (v.speedup or 0.0) >= self.best.speedup * (1 - 1e-9)
+
     def _update_best(self, ev: Evaluation) -> None:
         v = ev.verdict
         if v.accepted and v.speedup and (self.best is None or v.speedup > self.best.speedup):
@@ -266,6 +318,8 @@ class ModuleSession:
         if attempt.digest and attempt.digest in self.provenance and not attempt.outcome.startswith("duplicate"):
             self.provenance[attempt.digest]["outcome"] = attempt.outcome
         self.record.add_attempt(attempt)
+        if self.answers is not None and attempt.request:
+            self.answers.note(attempt.request, outcome=attempt.outcome, digest=attempt.digest)
         level = logging.WARNING if attempt.outcome.startswith("request failed") else logging.INFO
         log.log(level, "metal_accel: synth %s: %s: %s", self.request.class_name, attempt.tag, attempt.outcome)
         if self._bar is not None:
@@ -273,3 +327,12 @@ class ModuleSession:
             self._bar.set_postfix_str(f"{best}, {self.record.tokens_in + self.record.tokens_out} tok, "
                                       f"${self.record.cost_usd:.3f}", refresh=False)
             self._bar.update(1)
+
+
+def _request_args(client: ChatClient, system: str, messages: list[Message]) -> dict:
+    """The SDK call's arguments (a client without `request_args`: the model, system prompt and messages)."""
+    fn = getattr(client, "request_args", None)
+    msgs = [dict(m) for m in messages]
+    if callable(fn):
+        return fn(system, msgs)
+    return {"model": client.spec.model, "system": system, "messages": msgs}

@@ -17,13 +17,13 @@ _OPENAI_REASONING = re.compile(r"^(o\d+(?![\w.])|o\d+-|gpt-5(?!-chat)(?![\d]))")
 class SynthSettings:
     """How hard to try, how much to spend, how to talk to the providers.
 
-    Environment overrides (read by `from_env`): METAL_ACCEL_SAMPLES, METAL_ACCEL_REPAIR_ROUNDS,
+    Environment overrides (read by `from_env`): METAL_ACCEL_SAMPLES, METAL_ACCEL_REPAIR_ROUNDS, METAL_ACCEL_SPEED_ROUNDS,
     METAL_ACCEL_CONCURRENCY, METAL_ACCEL_MAX_TOKENS, METAL_ACCEL_MAX_COST_USD, METAL_ACCEL_MAX_WALL_S
     (per run), METAL_ACCEL_MODULE_MAX_TOKENS, METAL_ACCEL_MODULE_MAX_COST_USD,
     METAL_ACCEL_MODULE_MAX_WALL_S (per module), METAL_ACCEL_LLM_TIMEOUT_S, METAL_ACCEL_LLM_DEADLINE_S,
     METAL_ACCEL_PRICES ('name=IN/OUT,...', USD per million tokens), METAL_ACCEL_ANSWER_TOKENS,
     METAL_ACCEL_REASONING_TOKENS, METAL_ACCEL_REASONING_EFFORT, METAL_ACCEL_THINKING,
-    METAL_ACCEL_REASONING_MODELS (comma-separated).
+    METAL_ACCEL_REASONING_MODELS (comma-separated), METAL_ACCEL_ANSWER_CACHE (0: ask again, keep nothing).
 
     Output budgets: `max_output_tokens` is the answer's own (code and a few lines of prose). A model
     that reasons gets `reasoning_tokens` more, so that its reasoning cannot eat the answer: OpenAI
@@ -36,6 +36,7 @@ class SynthSettings:
 
     samples: int = 2                    # independent conversations per model
     repair_rounds: int = 5              # answers fed back with the verdict, after the first
+    speed_rounds: int = 2               # more answers after a correct kernel while it is not the fastest
     concurrency: int = 4                # LLM requests in flight at once
     max_output_tokens: int = 8192       # per answer, reasoning not included
     reasoning_tokens: int = 16384       # extra output budget of a model that reasons (see above); 0: none
@@ -55,6 +56,7 @@ class SynthSettings:
     profile: bool = True                # include a torch.profiler breakdown of the eager forward
     references: bool = True             # include reference kernels from the caches
     progress: bool | None = None        # tqdm bars; None: when attached to a terminal
+    answer_cache: bool = True           # keep answers by exact request and replay them (METAL_ACCEL_ANSWER_CACHE=0: off)
 
     def with_(self, **changes: Any) -> "SynthSettings":
         return replace(self, **changes)
@@ -83,6 +85,7 @@ class SynthSettings:
         env: dict[str, Any] = {}
         for name, key, conv in (("METAL_ACCEL_SAMPLES", "samples", int),
                                 ("METAL_ACCEL_REPAIR_ROUNDS", "repair_rounds", int),
+                                ("METAL_ACCEL_SPEED_ROUNDS", "speed_rounds", int),
                                 ("METAL_ACCEL_CONCURRENCY", "concurrency", int),
                                 ("METAL_ACCEL_LLM_TIMEOUT_S", "request_timeout_s", float),
                                 ("METAL_ACCEL_LLM_DEADLINE_S", "request_deadline_s", float),
@@ -92,6 +95,8 @@ class SynthSettings:
                                 ("METAL_ACCEL_THINKING", "thinking", str)):
             if environ.get(name):
                 env[key] = conv(environ[name])
+        if environ.get("METAL_ACCEL_ANSWER_CACHE"):
+            env["answer_cache"] = environ["METAL_ACCEL_ANSWER_CACHE"] not in ("0", "off", "false")
         if environ.get("METAL_ACCEL_REASONING_MODELS"):
             env["reasoning_models"] = tuple(p.strip() for p in environ["METAL_ACCEL_REASONING_MODELS"].split(",")
                                             if p.strip())

@@ -24,6 +24,8 @@ class Attempt:
     estimated_tokens: bool = False
     outcome: str = ""
     digest: str = ""
+    cached: bool = False   # replayed from the answer cache: no request was sent
+    request: str = ""      # the request's key in the answer cache
 
     @property
     def tag(self) -> str:
@@ -107,6 +109,7 @@ class ModuleRecord:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    replayed: int = 0               # answers replayed from the answer cache (no request sent, nothing paid)
 
     def add_evaluation(self, ev: Evaluation, seconds: float) -> None:
         self.evaluations += 1
@@ -122,6 +125,7 @@ class ModuleRecord:
 
     def add_attempt(self, a: Attempt) -> None:
         self.attempts.append(a)
+        self.replayed += int(a.cached)
         self.tokens_in += a.tokens_in
         self.tokens_out += a.tokens_out
         self.cost_usd += a.cost_usd
@@ -143,5 +147,7 @@ class ModuleRecord:
         best = f"best {self.best_speedup:.2f}x ({self.best_origin})" if self.best_speedup else "no kernel accepted"
         stop = f"; stopped: {self.stop_reason}" if self.stop_reason else ""
         n = len(self.attempts)
-        return (f"{self.module_class.rsplit('.', 1)[-1]}: {n} answer{'s' if n != 1 else ''}, {self.evaluations} evaluated, "
+        replayed = f" ({self.replayed} replayed from the answer cache)" if self.replayed else ""
+        return (f"{self.module_class.rsplit('.', 1)[-1]}: {n} answer{'s' if n != 1 else ''}{replayed}, "
+                f"{self.evaluations} evaluated, "
                 f"{best}; {self.tokens_in + self.tokens_out} tokens, ${self.cost_usd:.4f}, {self.wall_s:.1f} s{stop}")
