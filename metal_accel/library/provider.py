@@ -21,6 +21,7 @@ from . import sources
 
 log = logging.getLogger(__name__)
 ORIGIN = "library"
+_told: set[tuple[str, str]] = set()  # (family, backend) pairs already logged as having no kernel
 _LANGUAGE_DIR = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "mps-emu": "mps"}
 
 
@@ -73,8 +74,10 @@ class LibraryProvider:
             return []
         kernel = kernel_file(request.backend, found.family)
         if kernel is None:
-            log.info("metal_accel: library: %s computes %s; no %s kernel for it ships", request.class_name,
-                     found.family, request.backend)
+            if (found.family, request.backend) not in _told:
+                _told.add((found.family, request.backend))
+                log.info("metal_accel: library: %s computes %s; no %s kernel for it ships", request.class_name,
+                         found.family, request.backend)
             return []
         text, dtypes = kernel
         dtype = request.input_spec.args[0].dtype  # type: ignore[union-attr]
