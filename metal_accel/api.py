@@ -144,7 +144,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
     if cached is not None:
         e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
-                            lambda: whole_model_op(model))
+                            lambda: whole_model_op(model, bool(cached.end_to_end.get("whole_with_kernels"))))
         report.end_to_end = e2e.to_dict()
         log.info("metal_accel: end to end: %s", e2e.decision)
         return report
@@ -156,10 +156,19 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                  time.perf_counter() - t0)
         if why_not:
             report.notes.append(redact(f"{WHOLE} not used: {why_not}"))
+    with_kernels = None
+    if now.compile and supports_compile(be) and _kernels_below(model, report) and whole is not None:
+        t0 = time.perf_counter()  # the same, with the installed kernels inside its graph as custom ops
+        with_kernels, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args), with_kernels=True)
+        log.info("metal_accel: %s with our kernels inside: %s (%.1f s)", WHOLE,
+                 "proven" if with_kernels is not None else why_not, time.perf_counter() - t0)
+        if why_not:
+            report.notes.append(redact(f"{WHOLE} with our kernels inside not used: {why_not}"))
     if _composes(model, report) or whole is not None:
         try:
             e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
-                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload)
+                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload,
+                                   whole_with_kernels=with_kernels)
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:
@@ -179,10 +188,23 @@ def _composes(model: nn.Module, report: OptimizeReport) -> bool:
     return any(m.name != root for m in report.kernels)
 
 
+def _kernels_below(model: nn.Module, report: OptimizeReport) -> bool:
+    """Some module below the model's own call runs a kernel (a custom op the compiled model can call)."""
+    root = type(model).__name__
+    return any(m.name != root and m.status == "kernel" for m in report.kernels)
+
+
 def _whole_not_tried(model: nn.Module, report: OptimizeReport) -> bool:
-    """The model's own call was not compiled whole by the pipeline already (or could not be captured)."""
+    """The model's own call is not compiled already, and its compile was not rejected as incorrect: one the
+    pipeline rejected only as not faster alone (its gate's margin, timed alone) is worth timing again in the
+    end-to-end rotation, against the per-module choices and within the measured noise."""
     root = next((m for m in report.modules if m.name == type(model).__name__), None)
-    return root is None or (root.status == "eager" and root.compile_us is None and root.graph_us is None)
+    if root is None:
+        return True
+    if root.status != "eager":
+        return False
+    reasons = [r.split(": ", 1)[-1] for r in root.rejected if r.startswith(("builtin:", "inductor", "cuda-graph"))]
+    return all(r.startswith("not faster") for r in reasons)
 
 
 @dataclass

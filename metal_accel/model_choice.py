@@ -58,6 +58,8 @@ class EndToEnd:
     outcome: str = "modules"                           # "whole", "modules" (some maybe dropped) or "eager"
     workload: dict[str, Any] | None = None             # the workload's own stage, when one was given
     cached: bool = False                               # applied from a model-level verdict this user's library made
+    whole_with_kernels: bool = False                   # the whole-model compile chosen has our kernels in its graph
+    with_kernels_speedup: float | None = None          # that variant's, when tried
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -136,7 +138,8 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
 
 def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
                      sync: Callable[[], None], budget_s: float, whole: Any = None,
-                     workload: Callable[[nn.Module], Any] | None = None) -> EndToEnd | None:
+                     workload: Callable[[nn.Module], Any] | None = None,
+                     whole_with_kernels: Any = None) -> EndToEnd | None:
     """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
     WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
     installed for the example's call signature when it beats both eager and the per-module choices.
@@ -146,7 +149,9 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
     if not groups and whole is None:
         return None
     try:
-        result = _prove(model, args, kwargs, report, sync, budget_s, groups, whole)
+        result = _prove(model, args, kwargs, report, sync, budget_s, groups, whole, with_kernels=whole_with_kernels)
+        if result.whole_with_kernels:
+            whole = whole_with_kernels  # the variant that won is the one the workload stage may spread
         if workload is None:
             return result
         # the workload's calls are mostly others than the example's (decode steps): its own stage judges the
@@ -188,7 +193,8 @@ def _groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn.Modul
 
 def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
            sync: Callable[[], None], budget_s: float, groups: dict[str, list[nn.Module]], whole: Any,
-           workload: Callable[[nn.Module], Any] | None = None, everywhere: Any = None) -> EndToEnd:
+           workload: Callable[[nn.Module], Any] | None = None, everywhere: Any = None,
+           with_kernels: Any = None) -> EndToEnd:
     """One stage: the example call (WORKLOAD None) or the workload, timed with GROUPS installed; whole-model
     compile, when given, in the same rotation: WHOLE for the example call, EVERYWHERE (proven on the workload)
     taking every call of the workload."""
@@ -205,6 +211,8 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
         contenders["optimized"] = run
     if whole is not None:
         contenders["whole"] = lambda: whole(args, kwargs, [])
+    if with_kernels is not None:
+        contenders["with_kernels"] = lambda: with_kernels(args, kwargs, [])
     if everywhere is not None and workload is not None:
         def run_everywhere() -> Any:
             set_everywhere(model, everywhere)
@@ -242,13 +250,21 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             return result
     elif whole is not None:
         result.whole_speedup = _paired_median(samples["eager"], samples["whole"])
+        if "with_kernels" in samples:
+            result.with_kernels_speedup = _paired_median(samples["eager"], samples["with_kernels"])
+            log.info("metal_accel: end to end: %s with our kernels inside %.2fx eager", WHOLE,
+                     result.with_kernels_speedup)
+            if slower(_paired_median(samples["with_kernels"], samples["whole"])):  # beats the plain compile
+                whole, samples["whole"] = with_kernels, samples["with_kernels"]
+                result.whole_speedup, result.whole_with_kernels = result.with_kernels_speedup, True
         log.info("metal_accel: end to end: %s %.2fx eager, per-module choices %.2fx", WHOLE, result.whole_speedup,
                  speedup)
         # installed when faster than the per-module choices and than eager, both beyond the noise
         if slower(_paired_median(samples["whole"], optimized)) and slower(1 / result.whole_speedup):
             install(model, call_signature(args, kwargs), whole)
             result.final_speedup = result.whole_speedup
-            result.decision = (f"{WHOLE} installed for the example's call signature: {result.whole_speedup:.2f}x "
+            result.decision = (f"{WHOLE}{' with our kernels inside' if result.whole_with_kernels else ''} installed "
+                               f"for the example's call signature: {result.whole_speedup:.2f}x "
                                f"eager (per-module choices: {speedup:.2f}x)")
             result.outcome = "whole"
             _mark_whole(model, report, result.whole_speedup)

@@ -79,15 +79,18 @@ def _check(got: Any, want: Any, rule: PrecisionRule, where: str, exact: Callable
     return ""
 
 
-def whole_model_op(model: nn.Module) -> CompiledOp:
-    """The eager model under torch.compile, as the dispatcher calls it (it compiles at its first call)."""
-    return CompiledOp(model, "metal_accel_whole_model")
+def whole_model_op(model: nn.Module, with_kernels: bool = False) -> CompiledOp:
+    """The eager model under torch.compile, as the dispatcher calls it (it compiles at its first call); WITH_KERNELS:
+    the kernels installed on its modules inside the graph, as the custom ops they are (their fake implementations
+    give dynamo the shapes), the rest of the model compiled around them."""
+    return CompiledOp(model, "metal_accel_whole_model" + ("_with_kernels" if with_kernels else ""), with_kernels)
 
 
 def prove_whole_model(model: nn.Module, args: tuple, kwargs: dict[str, Any],
-                      device: torch.device) -> tuple[CompiledOp | None, str]:
-    """The eager model compiled whole, and '' when its outputs match eager's; else (None, why not)."""
-    op = whole_model_op(model)
+                      device: torch.device, with_kernels: bool = False) -> tuple[CompiledOp | None, str]:
+    """The eager model compiled whole (WITH_KERNELS: with its installed kernels in the graph), and '' when its
+    outputs match eager's; else (None, why not)."""
+    op = whole_model_op(model, with_kernels)
     exact = float64_reference(model, eager_forward(model))
     try:
         first_call(op, args, kwargs, device, config.current().compile_timeout_s)

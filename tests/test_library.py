@@ -242,3 +242,25 @@ def test_catalog_and_doctor_say_which_kernels_apply_here(capsys, monkeypatch):
     assert cli_main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "library rms_norm" in out and "LlamaRMSNorm" in out
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_the_model_compiled_whole_carries_installed_kernels_as_custom_ops(fixture_kernels):
+    """Issue 29 item 4: the library's kernels are custom ops with fake implementations, so the whole model
+    compiled around them keeps them in its graph; that variant is proven like the plain one."""
+    from metal_accel.runtime.dispatch import eager_forward
+    from metal_accel.whole_model import prove_whole_model
+    model = Block().eval()
+    x = torch.randn(2, 7, 96)
+    with torch.inference_mode():
+        metal_accel.optimize(model, (x,), backend="cpu", margin=-0.9, end_to_end=False)
+    assert all(metal_accel.explain(model).modules[i].status == "kernel" for i in (1, 2))
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(eager_forward(model))(x)
+    graphs = "\n".join(g.code for g in explained.graphs)
+    assert graphs.count("torch.ops.metal_accel.k_") == 2, graphs
+    with torch.inference_mode():
+        op, why = prove_whole_model(model, (x,), {}, torch.device("cpu"), with_kernels=True)
+    assert op is not None and op.with_kernels, why

@@ -95,11 +95,14 @@ class CompiledOp:
     and the dispatcher only ever calls it with the one input signature it was proven on.
     """
 
-    def __init__(self, module: torch.nn.Module, name: str) -> None:
+    def __init__(self, module: torch.nn.Module, name: str, with_kernels: bool = False) -> None:
         self.name = name
+        self.with_kernels = with_kernels
         self._fn: Callable[..., Any] = torch.compile(_own_frame(eager_forward(module), name))
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
+        if self.with_kernels:  # the children's installed kernels traced into the graph as their custom ops
+            return self._fn(*args, **kwargs)
         enter_eager()  # the compiled graph is of pure eager code; children's kernels stay out
         try:
             return self._fn(*args, **kwargs)
