@@ -264,3 +264,36 @@ def test_the_model_compiled_whole_carries_installed_kernels_as_custom_ops(fixtur
     with torch.inference_mode():
         op, why = prove_whole_model(model, (x,), {}, torch.device("cpu"), with_kernels=True)
     assert op is not None and op.with_kernels, why
+
+
+def test_the_library_page_lists_the_kernels_that_ship():
+    from metal_accel.library.catalog import markdown_table
+    page = (Path(__file__).parent.parent / "docs" / "library.md").read_text()
+    assert markdown_table() in page, "docs/library.md: paste library.catalog.markdown_table() into its table"
+
+
+def _zoo_modules() -> dict[str, nn.Module]:
+    from transformers import ViTConfig
+    from transformers.models.vit.modeling_vit import ViTMLP
+    llama = LlamaConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4, num_key_value_heads=2)
+    return {"rms_norm": LlamaRMSNorm(48), "gated_mlp": LlamaMLP(llama), "gelu_tanh": NewGELUActivation(),
+            "gpt2_mlp": GPT2MLP(100, GPT2Config(n_embd=48)),
+            "linear_gelu": BertIntermediate(BertConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4)),
+            "mlp": ViTMLP(ViTConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4))}
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("family", ["rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp"])
+def test_every_shipped_metal_kernel_is_proven_through_the_library(family, monkeypatch):
+    """The shipped Metal kernels, matched, bound and proven by the library itself on the emulated device."""
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    model = _zoo_modules()[family].eval()
+    x = torch.randn(2, 5, 48)
+    with torch.inference_mode():
+        want = model(x)
+        metal_accel.optimize(model, (x,), backend="mps-emu", end_to_end=False)
+        got = model(x)
+    row = next(m for m in metal_accel.explain(model).modules if m.name == type(model).__name__)
+    assert row.status == "kernel" and row.source == f"library:{family}", (row.reason, row.rejected)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

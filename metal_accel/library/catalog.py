@@ -54,3 +54,12 @@ def describe(usable: list[str]) -> list[str]:
 
 def _short(dtype: str) -> str:
     return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+
+
+def markdown_table() -> str:
+    """The kernels-by-backend table of docs/library.md (a test keeps the page equal to it)."""
+    lines = ["| family | cpu (C++) | cuda | mps (Metal) |", "|---|---|---|---|"]
+    for c in catalog():
+        cells = [", ".join(_short(d) for d in c.backends[b]) if b in c.backends else "–" for b in ("cpu", "cuda", "mps")]
+        lines.append(f"| `{c.family}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
