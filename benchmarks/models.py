@@ -236,7 +236,10 @@ def _report_summary(model: Any) -> dict:
     reasons = collections.Counter(m.reason[:200] for m in rep.modules if m.status == "eager" and m.reason != COVERED)
     replaced = [f"{m.name} ({m.module_class.rsplit('.', 1)[-1]}): {m.status}"
                 + (f" {m.speedup:.2f}x" if m.speedup else "") for m in rep.modules if m.status != "eager"]
+    library = collections.Counter(m.source.split(" ", 1)[0] for m in rep.modules
+                                  if m.status != "eager" and "library:" in (m.source or ""))
     return {"module_calls": len(rep.modules), "status": dict(status), "replaced": replaced[:40],
+            "library_kernels": dict(library),  # shipped library kernels installed, by family (issue 29)
             "eager_reasons": [[r, n] for r, n in reasons.most_common(8)], "notes": list(rep.notes)[:10],
             "backend": rep.backend, "end_to_end": rep.end_to_end}
 

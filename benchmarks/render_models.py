@@ -65,6 +65,12 @@ def _outputs_flag(row: dict, contender: str) -> str:
     return "" if out is None or out.get("ok") else " (outputs differ)"
 
 
+def _library(row: dict) -> str:
+    """The shipped library's kernels optimize() installed, by family (runs since issue 29 record them)."""
+    used = (row.get("optimize") or {}).get("library_kernels") or {}
+    return " (library: " + ", ".join(f"{k.split(':', 1)[-1]} x{n}" for k, n in sorted(used.items())) + ")" if used else ""
+
+
 def _patched(row: dict) -> str:
     """Where the import hook patched no class the model uses, import-alone runs eager's code: a noise gauge."""
     return " (nothing patched)" if row.get("import_patched_classes") == [] and "import" in row.get(
@@ -84,7 +90,7 @@ def section(results: list[dict]) -> str:
         elif _failed(row, "optimize"):
             opt = "optimize() failed"
         else:
-            opt = _x(sp.get("optimize")) + _outputs_flag(row, "optimize")
+            opt = _x(sp.get("optimize")) + _outputs_flag(row, "optimize") + _library(row)
         gen = row.get("generate", {})
         dec = gen.get("decode_vs_eager", {}).get("optimize") if gen else None
         dec_s = "–" if row.get("kind") != "lm" else _x(dec)
