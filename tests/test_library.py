@@ -297,3 +297,23 @@ def test_every_shipped_metal_kernel_is_proven_through_the_library(family, monkey
     row = next(m for m in metal_accel.explain(model).modules if m.name == type(model).__name__)
     assert row.status == "kernel" and row.source == f"library:{family}", (row.reason, row.rejected)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_patched_class_without_a_kernel_for_its_backend_stops_asking(fixture_kernels, monkeypatch):
+    """import-alone patches NewGELUActivation (it computes gelu_tanh), but the library here has no CPU kernel for
+    gelu_tanh: after its first call the module's dispatcher goes straight to the original forward."""
+    import metal_accel.auto.hook as hook
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    try:
+        hook.activate()
+        assert NewGELUActivation in hook.patched_classes()
+        act = NewGELUActivation().eval()
+        x = torch.randn(4, 8)
+        with torch.inference_mode():
+            want = 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+            torch.testing.assert_close(act(x), want)
+            act(torch.randn(3, 8))
+        disp = act.__dict__["_metal_accel_auto"]
+        assert disp.resolver is None and not disp.table
+    finally:
+        hook.deactivate()

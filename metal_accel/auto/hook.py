@@ -39,6 +39,7 @@ from ..runtime import dispatch
 from ..runtime.dispatch import ORIGINAL_FORWARDS, Dispatcher
 from ..runtime.ops import KernelOp, _is_compiling
 from ..library.known import known_classes
+from ..library.provider import kernel_file
 from ..store.cache import all_caches, read_index, sealed_verdict
 from .autoload import kernel_for_call
 
@@ -247,15 +248,30 @@ def _script_transparent(fn: Callable[..., Any], original: Callable[..., Any]) ->
 
 def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatcher:
     disp = Dispatcher(module, original.__get__(module, type(module)))
-    disp.resolver = lambda args, kwargs: _resolve(module, args, kwargs)
+    disp.resolver = lambda args, kwargs: _resolve(module, args, kwargs, disp)
     module.__dict__[_AUTO_ATTR] = disp
     return disp
 
 
-def _resolve(module: nn.Module, args: tuple, kwargs: dict) -> KernelOp | None:
+def _library_only_without_kernel(module: nn.Module, args: tuple) -> bool:
+    """MODULE's class was patched only for the kernel library, and the library has no kernel for its family on
+    this call's backend: no later call can get one, so its dispatcher can stop asking (and cost nothing)."""
+    plan = _plans.get(f"{type(module).__module__}.{type(module).__qualname__}")
+    family = known_classes().get(plan.class_path) if plan is not None and not plan.shapes else None
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if family is None or first is None:
+        return False
+    backend = {"cuda": "cuda", "mps": "mps", "cpu": "cpu"}.get(first.device.type)
+    return backend is not None and kernel_file(backend, family) is None
+
+
+def _resolve(module: nn.Module, args: tuple, kwargs: dict, disp: Dispatcher | None = None) -> KernelOp | None:
     """The kernel for this call from the caches, proven here if needed; None means eager. Never raises."""
     try:
-        return kernel_for_call(module, args, kwargs, prove_here=revalidate_policy() == "first-use")
+        op = kernel_for_call(module, args, kwargs, prove_here=revalidate_policy() == "first-use")
+        if op is None and disp is not None and not disp.table and _library_only_without_kernel(module, args):
+            disp.resolver = None  # with an empty table: every call goes straight to the original forward
+        return op
     except Exception as exc:  # auto mode must never break the user's model
         log.warning("metal_accel: %s: no kernel, running eager (%s: %s)", type(module).__name__,
                     type(exc).__name__, exc)
