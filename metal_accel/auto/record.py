@@ -1,13 +1,16 @@
 """METAL_ACCEL_RECORD=1: remember the module calls that ran eager, so they can be synthesized offline.
 
 Each (module fingerprint, input spec, keyword arguments included) without a kernel is counted with its eager time in
-`<user cache>/recorded/`, next to a pickled copy of the module (once per fingerprint), which is
-what `metal-accel synth --recorded` optimizes later. Recording costs two hooks per module call;
-it is meant for a profiling run, not for production.
+`<user cache>/recorded/`, next to a pickled skeleton of the module (once per fingerprint: its class,
+configuration and tensor specs, its floating-point weights left out), which `metal-accel synth --recorded`
+optimizes later with weights drawn at random (a kernel depends on the specs, not the values). Recording costs
+two hooks per module call and a lookup of the call's signature; the spec of a (module, signature) is worked
+out once. It is meant for a profiling run, not for production.
 """
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import threading
@@ -32,6 +35,8 @@ from .hook import _AUTO_ATTR
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 30.0
+SMALL_BUFFER_BYTES = 1 << 16   # buffers up to this size are recorded with their values (index tables, masks)
+_UNSEEN = object()
 
 
 def recorded_dir() -> Path:
@@ -57,6 +62,7 @@ class Recorder:
         self._stack: list[float] = []
         self._counts: dict[tuple[str, str], list[Any]] = {}  # (fingerprint, spec key) -> [record, calls, s]
         self._fingerprints: dict[int, str | None] = {}
+        self._specs: dict[tuple[int, tuple], tuple[str, InputSpec] | None] = {}
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._handles: list[Any] = []
@@ -80,19 +86,31 @@ class Recorder:
         elapsed = time.perf_counter() - self._stack.pop() if self._stack else 0.0
         if _has_kernel(module, args, kwargs):
             return
-        fp = self._fingerprint(module)
-        if fp is None:
+        try:  # the spec is worked out once per (module, call signature): every other call only counts
+            sig = (id(module), call_signature(args, kwargs))
+        except TypeError:
             return
-        try:
-            spec = InputSpec.of(args, kwargs)  # keyword arguments too: the call is replayed as it was made
-        except (UnsupportedCall, TypeError, ValueError):
+        known = self._specs.get(sig, _UNSEEN)
+        if known is _UNSEEN:
+            known = self._specs[sig] = self._spec_of(module, args, kwargs)
+        if known is None:
             return
+        fp, spec = known
         with self._lock:
             slot = self._counts.setdefault((fp, spec.key), [(module, spec), 0, 0.0])
             slot[1] += 1
             slot[2] += elapsed
         if time.monotonic() - self._last_flush > FLUSH_EVERY_S:
             self.flush()
+
+    def _spec_of(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[str, InputSpec] | None:
+        fp = self._fingerprint(module)
+        if fp is None:
+            return None
+        try:
+            return fp, InputSpec.of(args, kwargs)  # keyword arguments too: the call is replayed as it was made
+        except (UnsupportedCall, TypeError, ValueError):
+            return None
 
     def _fingerprint(self, module: nn.Module) -> str | None:
         mid = id(module)
@@ -118,7 +136,7 @@ class Recorder:
             module_file = root / "modules" / f"{fp[:24]}.pt"
             if not module_file.exists():
                 try:
-                    torch.save(module, module_file)
+                    torch.save(skeleton(module), module_file)
                 except Exception as exc:  # lambdas, open files...: recorded without a module copy
                     log.info("metal_accel: cannot pickle %s for offline synthesis: %s", class_path(type(module)), exc)
             with FileLock(str(path) + ".lock", timeout=30):
@@ -152,11 +170,43 @@ def recorded_calls() -> list[RecordedCall]:
     return sorted(out, key=lambda r: -r.total_s)
 
 
-def load_recorded_module(rec: RecordedCall) -> nn.Module:
-    """The pickled module of a recording (written by this user's own process)."""
+def skeleton(module: nn.Module) -> nn.Module:
+    """A copy of MODULE whose floating-point parameters and large buffers are on the meta device: its class,
+    configuration and tensor specs (what its fingerprint and a kernel depend on) without its weights, so a
+    recording of a model's layers takes kilobytes, not the model's size. Small buffers (tables, index
+    ranges, whose values the forward may depend on) are kept."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for t in sub._parameters.values():
+            if t is not None and t.is_floating_point():
+                memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=t.requires_grad)
+        for t in sub._buffers.values():
+            if t is not None and t.is_floating_point() and t.numel() * t.element_size() > SMALL_BUFFER_BYTES:
+                memo[id(t)] = torch.empty_like(t, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def load_recorded_module(rec: RecordedCall, device: str = "cpu") -> nn.Module:
+    """The module of a recording (written by this user's own process), its weights drawn at random where the
+    recording kept only their specs (skeleton): kernels are proven on it for its fingerprint and shapes."""
     if not rec.module_file:
         raise UnsupportedCall(f"{rec.class_path} was recorded without a module copy (it could not be pickled)")
-    return torch.load(recorded_dir() / "modules" / rec.module_file, weights_only=False)
+    module = torch.load(recorded_dir() / "modules" / rec.module_file, weights_only=False)
+    gen = torch.Generator().manual_seed(0)
+    made: dict[int, torch.Tensor] = {}  # one new tensor per meta tensor: tied weights stay tied
+
+    def draw(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            scale = 1.0 / max(1, t.shape[-1]) ** 0.5 if t.dim() > 1 else 1.0
+            value = torch.randn(t.shape, generator=gen).mul_(scale).to(device=device, dtype=t.dtype)
+            made[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else value
+        return made[id(t)]
+    for sub in module.modules():
+        for store in (sub._parameters, sub._buffers):
+            for name, t in list(store.items()):
+                if t is not None and t.is_meta:
+                    store[name] = draw(t)
+    return module
 
 
 _recorder: Recorder | None = None
@@ -187,13 +237,13 @@ def synthesize_recorded(providers: list[Any], *, top: int = 10, backend: str | N
 
     out: list[tuple[RecordedCall, Any]] = []
     for rec in recorded_calls()[:top]:
+        tensors = rec.input_spec.tensor_specs()
+        device = tensors[0].device if tensors else "cpu"
         try:
-            module = load_recorded_module(rec)
+            module = load_recorded_module(rec, device)
         except Exception as exc:  # no pickled copy, or its class no longer imports
             out.append((rec, f"skipped: {type(exc).__name__}: {exc}"))
             continue
-        tensors = rec.input_spec.tensor_specs()
-        device = tensors[0].device if tensors else "cpu"
         try:
             args, kwargs = make_inputs(rec.input_spec, "normal", torch.Generator().manual_seed(0), device)
             with torch.no_grad():

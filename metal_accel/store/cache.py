@@ -249,7 +249,7 @@ class CacheDir:
     def entries(self, backend: str | None = None) -> Iterator[CacheEntry]:
         dirs = [self.root / backend] if backend else sorted(p for p in self.root.glob("*") if p.is_dir())
         for d in dirs:
-            if d.name in OWNED_DIRS:
+            if d.name in OWNED_DIRS or d.name not in LANGUAGE_OF_BACKEND:  # entries live under backend names only
                 continue
             for path in sorted(d.glob("*.json")):
                 entry = self._read(path)

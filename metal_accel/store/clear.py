@@ -18,6 +18,7 @@ class Cleared:
     recordings: int = 0      # METAL_ACCEL_RECORD files
     model_verdicts: int = 0  # end-to-end verdicts of whole models (model_verdicts.py)
     synthesis: int = 0       # LLM answers, prompts and run journals kept by synthesis (synth/memo.py)
+    library_matches: int = 0  # classes found here to compute a kernel-library family (library/known.py)
     other: int = 0           # index, locks, temporary files
     left: list[str] = field(default_factory=list)
 
@@ -25,7 +26,8 @@ class Cleared:
         parts = [f"{self.entries} entries", f"{self.artifacts} build files (compiled kernels and their records)",
                  f"{self.bundles} unpacked bundles",
                  f"{self.recordings} recordings", f"{self.model_verdicts} model-level verdicts",
-                 f"{self.synthesis} stored LLM answers, prompts and run journals", f"{self.other} index, lock and temporary files"]
+                 f"{self.synthesis} stored LLM answers, prompts and run journals",
+                 f"{self.library_matches} kernel-library class matches", f"{self.other} index, lock and temporary files"]
         out = "removed " + ", ".join(parts)
         if self.left:
             out += f"; left {len(self.left)} paths metal_accel did not make: " + ", ".join(self.left[:5])
@@ -34,7 +36,7 @@ class Cleared:
 
 # Top-level names a user cache owns besides its backend directories (build: compiled kernels).
 OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings", "models": "model_verdicts",
-              "synth": "synthesis"}
+              "synth": "synthesis", "library": "library_matches"}
 
 
 def _files_in(path: Path) -> int:

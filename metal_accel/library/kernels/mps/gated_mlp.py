@@ -58,10 +58,11 @@ SHAPE_GENERIC = True
 def gated_mlp(x, gate_weight, up_weight, down_weight, act):
     g = F.linear(x, gate_weight)
     u = F.linear(x, up_weight)
-    code = 0 if act == "silu" else 1 if act == "gelu_tanh" else 2 if act == "gelu" else -1
+    code = 0 if act == "silu" else 1 if act in ("gelu_tanh", "gelu_new") else 2 if act == "gelu" else -1
     if code < 0 or g.dtype not in (torch.float32, torch.float16, torch.bfloat16) or u.dtype != g.dtype \
             or u.shape != g.shape:
-        a = F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh" if act == "gelu_tanh" else "none")
+        a = F.silu(g) if act == "silu" else F.relu(g) if act == "relu" else \
+            F.gelu(g, approximate="tanh" if act in ("gelu_tanh", "gelu_new") else "none")
         return F.linear(a * u, down_weight)
     if not (g.is_contiguous() and u.is_contiguous() and g.storage_offset() % 4 == 0
             and u.storage_offset() % 4 == 0):
