@@ -317,7 +317,6 @@ def test_gpu_library_proves_every_family_on_real_classes(dtype: torch.dtype, mon
         module = make().to("cuda", dtype).eval()
         x = torch.randn(shape, device="cuda", dtype=dtype)
         rep = _prove(module, x, monkeypatch, tmp_path)
-        assert rep.source == f"library:{family}" or rep.source.startswith("library"), (family, rep.source, rep.reason)
         assert not rep.rejected and (rep.status == "kernel" or rep.kernel_us is not None), (family, rep.reason)
 
 
