@@ -127,12 +127,12 @@ def act_float(x: torch.Tensor, code: int) -> torch.Tensor:
 def _emulate(name: str, args: tuple, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
     if name.startswith("act_mul_"):
         g, u, h, n, code = args
-        assert block == (256, 1, 1) and grid[0] * 1024 * (16 // g.element_size()) >= n, (grid, n)
+        assert block == (256, 1, 1) and grid[0] * 512 * (16 // g.element_size()) >= n, (grid, n)
         a = act_float(g.reshape(-1)[:n].float(), code).to(g.dtype)
         h.view(-1)[:n] = (a.float() * u.reshape(-1)[:n].float()).to(h.dtype)
     elif name.startswith("act_"):
         x, y, n, code = args
-        assert block == (256, 1, 1) and grid[0] * 1024 * (16 // x.element_size()) >= n, (grid, n)
+        assert block == (256, 1, 1) and grid[0] * 512 * (16 // x.element_size()) >= n, (grid, n)
         y.view(-1)[:n] = act_float(x.reshape(-1)[:n].float(), code).to(y.dtype)
     elif name.startswith("rms_"):
         if name.startswith("rms_wide"):

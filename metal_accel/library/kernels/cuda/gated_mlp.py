@@ -1,7 +1,7 @@
 """Gated MLP as HF Llama/Qwen2/Mistral (and T5's gated-gelu) compute it: down(act(gate(x)) * up(x)), no biases, act
 silu, gelu_tanh, gelu_new (the same tanh formula written out), gelu (erf) or relu. The three GEMMs stay cuBLAS's
 (F.linear through torch); the epilogue act(gate) * up is one pass over the intermediate activations, written in
-place into gate's buffer (16-byte vector loads, four vectors a thread in flight, a scalar tail), where eager runs
+place into gate's buffer (16-byte vector loads, two vectors a thread in flight, a scalar tail), where eager runs
 two kernels and writes and re-reads an intermediate-sized temporary: three reads and writes of that size instead
 of five, and no allocation. Rounding as eager: act computed in float and rounded to the dtype, then multiplied by
 up in float and rounded again. Served: float32, float16, bfloat16; other dtypes run in torch."""
@@ -30,7 +30,7 @@ __device__ __forceinline__ float act_f(float x, int act) {
 
 // 16 bytes of T, loaded and stored as one access
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
-#define UNROLL 4  // vectors per thread, loaded before any is computed
+#define UNROLL 2  // vectors per thread, loaded before any is computed
 
 // GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
 // contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
@@ -118,7 +118,7 @@ def gated_mlp(x, gate_weight, up_weight, down_weight, act):
     n = g.numel()
     if n > 0:
         V = 4 if g.dtype == torch.float32 else 8
-        grid = (((n + V - 1) // V + 1023) // 1024,)  # 256 threads x 4 vectors a block
+        grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
         if g.dtype == torch.float32:
             lib.act_mul_f32(g, u, g, n, code, grid=grid, block=(256,))
         elif g.dtype == torch.float16:

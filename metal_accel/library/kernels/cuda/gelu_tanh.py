@@ -29,7 +29,7 @@ __device__ __forceinline__ float act_f(float x, int act) {
 
 // 16 bytes of T, loaded and stored as one access
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
-#define UNROLL 4  // vectors per thread, loaded before any is computed
+#define UNROLL 2  // vectors per thread, loaded before any is computed
 
 // GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
 // contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) act_bf16(const __nv_bfloat16* 
 def _act(x, y, n, code):
     """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
     V = 4 if x.dtype == torch.float32 else 8
-    grid = (((n + V - 1) // V + 1023) // 1024,)  # 256 threads x 4 vectors a block
+    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
     if x.dtype == torch.float32:
         lib.act_f32(x, y, n, code, grid=grid, block=(256,))
     elif x.dtype == torch.float16:

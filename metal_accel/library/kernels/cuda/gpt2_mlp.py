@@ -1,6 +1,6 @@
 """HF GPT2MLP (Conv1D weights, [in, out]): addmm(proj_bias, gelu_tanh(addmm(fc_bias, x, fc_weight)), proj_weight).
 Both GEMMs with their bias stay cuBLAS's addmm (through torch, rounded exactly as eager's); the activation between
-them is one in-place pass over the hidden activations (16-byte vector loads, four vectors a thread in flight, a
+them is one in-place pass over the hidden activations (16-byte vector loads, two vectors a thread in flight, a
 scalar tail), where eager's gelu_new formula runs eight elementwise kernels with seven temporaries of that size.
 The activation is computed in float and rounded once. Served: float32, float16, bfloat16; other dtypes run in
 torch."""
@@ -29,7 +29,7 @@ __device__ __forceinline__ float act_f(float x, int act) {
 
 // 16 bytes of T, loaded and stored as one access
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
-#define UNROLL 4  // vectors per thread, loaded before any is computed
+#define UNROLL 2  // vectors per thread, loaded before any is computed
 
 // GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
 // contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) act_bf16(const __nv_bfloat16* 
 def _act(x, y, n, code):
     """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
     V = 4 if x.dtype == torch.float32 else 8
-    grid = (((n + V - 1) // V + 1023) // 1024,)  # 256 threads x 4 vectors a block
+    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
     if x.dtype == torch.float32:
         lib.act_f32(x, y, n, code, grid=grid, block=(256,))
     elif x.dtype == torch.float16:

@@ -1,6 +1,6 @@
 """Dense then GELU, as BERT/ViT intermediates compute it: gelu(linear(x, weight, bias)), approximate "none" (erf)
 or "tanh". The GEMM with its bias stays cuBLAS's (F.linear through torch: the bias rides in its epilogue, rounded
-as eager's); GELU is one in-place pass over its output (16-byte vector loads, four vectors a thread in flight, a
+as eager's); GELU is one in-place pass over its output (16-byte vector loads, two vectors a thread in flight, a
 scalar tail), computed in float and rounded once as F.gelu does. Eager's GELU is already one pass, so what this
 saves is the output allocation and a little launch cost: expect about eager's speed. Served: float32, float16,
 bfloat16; other dtypes, or an output torch gives non-contiguous, run F.gelu."""
@@ -29,7 +29,7 @@ __device__ __forceinline__ float act_f(float x, int act) {
 
 // 16 bytes of T, loaded and stored as one access
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
-#define UNROLL 4  // vectors per thread, loaded before any is computed
+#define UNROLL 2  // vectors per thread, loaded before any is computed
 
 // GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
 // contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) act_bf16(const __nv_bfloat16* 
 def _act(x, y, n, code):
     """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
     V = 4 if x.dtype == torch.float32 else 8
-    grid = (((n + V - 1) // V + 1023) // 1024,)  # 256 threads x 4 vectors a block
+    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
     if x.dtype == torch.float32:
         lib.act_f32(x, y, n, code, grid=grid, block=(256,))
     elif x.dtype == torch.float16:

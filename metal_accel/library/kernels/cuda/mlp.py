@@ -1,7 +1,7 @@
 """Linear, activation, Linear with biases, as ViT/CLIP/timm MLPs compute it: fc2(act(fc1(x))), act silu, gelu_tanh,
 gelu_new (the tanh formula written out), gelu (erf) or relu. Both GEMMs with their bias stay cuBLAS's (F.linear
 through torch, rounded as eager's); the activation is one in-place pass over the hidden activations (16-byte vector
-loads, four vectors a thread in flight, a scalar tail), computed in float and rounded once. Against eager's single
+loads, two vectors a thread in flight, a scalar tail), computed in float and rounded once. Against eager's single
 activation kernel this saves the allocation and a little launch cost (about eager's speed); against gelu_new's
 eight kernels, seven passes. Served: float32, float16, bfloat16; other dtypes run in torch."""
 DTYPES = ("float32", "float16", "bfloat16")
@@ -29,7 +29,7 @@ __device__ __forceinline__ float act_f(float x, int act) {
 
 // 16 bytes of T, loaded and stored as one access
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
-#define UNROLL 4  // vectors per thread, loaded before any is computed
+#define UNROLL 2  // vectors per thread, loaded before any is computed
 
 // GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
 // contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
@@ -88,7 +88,7 @@ CODES = (("silu", 0), ("gelu_tanh", 1), ("gelu_new", 1), ("gelu", 2), ("relu", 3
 def _act(x, y, n, code):
     """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
     V = 4 if x.dtype == torch.float32 else 8
-    grid = (((n + V - 1) // V + 1023) // 1024,)  # 256 threads x 4 vectors a block
+    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
     if x.dtype == torch.float32:
         lib.act_f32(x, y, n, code, grid=grid, block=(256,))
     elif x.dtype == torch.float16:
