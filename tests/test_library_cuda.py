@@ -13,19 +13,24 @@ import inspect
 import math
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
+from limits import HANG_S
 
-from metal_accel.backends.cuda.signature import ArgBinder, launch_dims, parse_cuda_kernels
+from metal_accel.backends.cuda.signature import (
+    ArgBinder,
+    launch_dims,
+    parse_cuda_kernels,
+)
 from metal_accel.core.candidate import parse_candidate
 from metal_accel.library.families import FAMILIES
 from metal_accel.sandbox.host import check_host_code, load_forward
 from metal_accel.sandbox.kernel_source import check_kernel_source
-from limits import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "metal_accel" / "library" / "kernels" / "cuda"
@@ -101,7 +106,11 @@ def _nvrtc_ok() -> bool:
 @pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC (cuda-python + nvidia-cuda-nvrtc) not installed")
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_compiles_with_nvrtc(family: str) -> None:
-    from metal_accel.backends.cuda.backend import nvrtc_compile, nvrtc_options, toolkit_include_dirs
+    from metal_accel.backends.cuda.backend import (
+        nvrtc_compile,
+        nvrtc_options,
+        toolkit_include_dirs,
+    )
     if not toolkit_include_dirs():
         pytest.skip("CUDA toolkit headers not found")
     assert nvrtc_compile(candidate(family).source, "sm_90", nvrtc_options("sm_90", toolkit_include_dirs()), True)
