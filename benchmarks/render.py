@@ -38,7 +38,8 @@ worker and the 1.05x speed gate), `compile` (torch.compile), `graph` (torch.comp
 modules, so its ratio to eager is the noise of timing a module against itself. "run" links the run the row
 comes from; the history at the end says what each run was for.
 """
-DETAILS = (("synth_e2e", "Synthesis end to end (scripted LLM server, CPU backend)"),
+DETAILS = (("library", "Kernel library: the shipped kernels against eager (issue 29)"),
+           ("synth_e2e", "Synthesis end to end (scripted LLM server, CPU backend)"),
            ("cpu_blocks", "CPU: shipped kernels and the quickstart model"),
            ("cpu_bandwidth", "CPU: memory-bound kernels against a plain read"),
            ("trust_cost", "What the trust hardening costs (issue 25, CPU)"),

@@ -116,6 +116,32 @@ def trust_cost(data: dict) -> str:
                         "dispatcher miss, µs"], rows))
 
 
+def library(d: dict) -> str:
+    """The kernel library's kernels (issue 29): per module and dtype, eager against the installed kernel in the
+    pipeline's own timing; memory-bound kernels' bandwidth against a copy in the same run."""
+    out = []
+    cases = d.get("cases") or []
+    if cases:
+        out += ["| module | family | dtype | shape | eager µs | kernel µs | speedup | verdict |", "|---|---|---|---|---|---|---|---|"]
+        for c in cases:
+            verdict = "installed" if c.get("status") == "kernel" else (
+                "correct, not faster: eager kept" if c.get("proven") else "not proven")
+            us = (lambda v: "–" if v is None else f"{v:.1f}")
+            sp = c.get("speedup") or (c["eager_us"] / c["kernel_us"] if c.get("eager_us") and c.get("kernel_us") else None)
+            out.append(f"| {c.get('class', c.get('case'))} | {c.get('family', '?')} | {c.get('dtype')} | "
+                       f"{'x'.join(map(str, c.get('shape', [])))} | {us(c.get('eager_us'))} | {us(c.get('kernel_us'))} | "
+                       f"{'–' if sp is None else f'{sp:.2f}x'} | {verdict} |")
+        out.append("")
+    bw = d.get("bandwidth") or []
+    if bw:
+        out += ["| kernel | dtype | shape | copy GB/s | kernel GB/s (of copy) | eager GB/s (of copy) |", "|---|---|---|---|---|---|"]
+        for b in bw:
+            out.append(f"| {b['kernel']} | {b['dtype']} | {'x'.join(map(str, b['shape']))} | {b['copy_gbs']:.0f} | "
+                       f"{b['kernel_gbs']:.0f} ({b['kernel_frac'] * 100:.0f}%) | {b['eager_gbs']:.0f} ({b['eager_frac'] * 100:.0f}%) |")
+        out.append("")
+    return "\n".join(out)
+
+
 def figures(run: Run) -> str:
     """The run's figures as markdown ('' where it has none to show beyond its summary)."""
     d = run.data
@@ -129,6 +155,8 @@ def figures(run: Run) -> str:
         return dispatch_cost(d)
     if run.benchmark == "trust_cost":
         return trust_cost(d)
+    if run.benchmark == "library" and ("cases" in d or "bandwidth" in d):
+        return library(d)
     if "lines" in d:
         return "```\n" + "\n".join(d["lines"]).strip() + "\n```\n"
     if isinstance(d.get("rows"), list) and d["rows"] and not run.benchmark.startswith("kernelbench"):
