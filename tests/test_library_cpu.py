@@ -1,0 +1,140 @@
+"""The shipped CPU kernel library (metal_accel/library/kernels/cpu/<family>.py) on the real transformers modules.
+
+Each family's file, with the glue the library appends, goes through the real pipeline as a `dir:` candidate
+for the module's class: optimize() must judge it correct (the proof's trials against eager and float64) at
+every shape and dtype served. Speed is not asserted (a busy 2-core machine proves nothing about speed):
+a kernel the proof found correct but not faster counts as proven. A deliberately wrong variant of each
+file must be rejected as incorrect, so these tests can fail. Speed figures: benchmarks/library_cpu.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel.backends.cpu.signature import parse_extern_c
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.sandbox.host import check_host_code
+from metal_accel.sandbox.kernel_source import check_kernel_source
+
+KERNELS = Path(__file__).resolve().parent.parent / "metal_accel" / "library" / "kernels" / "cpu"
+FAMILIES = ("rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu")
+# verdict reasons of a candidate that passed the correctness proof and lost only on speed (proof/speed.py)
+SPEED_ONLY = ("not faster", "within noise", "unreliable timing")
+GLUE_RMS = "def forward(module, x):\n    return rms_norm(x, module.weight, module.variance_epsilon)\n"
+
+slow = [pytest.mark.slow, pytest.mark.needs_cxx]
+
+
+def kernel_file(family: str) -> str:
+    return (KERNELS / f"{family}.py").read_text()
+
+
+def mutate(text: str, old: str, new: str) -> str:
+    """TEXT with OLD replaced once (the wrong variants; fails loudly when the file no longer has OLD)."""
+    assert text.count(old) >= 1, f"{old!r} not in the kernel file"
+    return text.replace(old, new, 1)
+
+
+def prove(tmp_path: Path, module: torch.nn.Module, x: torch.Tensor, text: str, glue: str) -> metal_accel.ModuleReport:
+    """optimize() MODULE on X with TEXT + GLUE as the only candidate; the module's report."""
+    folder = tmp_path / "cands" / "cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{type(module).__name__}.py").write_text(text + "\n\n" + glue)
+    metal_accel.optimize(module, (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False,
+                         bench_budget_s=0.1, progress=False, strict=True)
+    return next(m for m in metal_accel.explain(module).modules if m.name == type(module).__name__)
+
+
+def judged_correct(rep: metal_accel.ModuleReport) -> bool:
+    """The candidate passed the correctness proof: installed, or rejected on speed alone."""
+    if rep.status == "kernel":
+        return True
+    return bool(rep.rejected) and all(r.split(": ", 1)[-1].startswith(SPEED_ONLY) for r in rep.rejected)
+
+
+def assert_proven(rep: metal_accel.ModuleReport) -> None:
+    assert judged_correct(rep), f"{rep.status}: {rep.reason}; rejected: {rep.rejected}"
+
+
+def assert_rejected_as_wrong(rep: metal_accel.ModuleReport) -> None:
+    assert rep.status == "eager" and any("incorrect" in r for r in rep.rejected), (rep.reason, rep.rejected)
+
+
+def make_input(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool = True) -> torch.Tensor:
+    torch.manual_seed(0)
+    if contiguous:
+        return torch.randn(shape).to(dtype)
+    # the same shape as a transposed view: the last dim is not the contiguous one
+    return torch.randn(*shape[:-2], shape[-1], shape[-2]).to(dtype).transpose(-1, -2)
+
+
+# (shape, contiguous): one row, a small batch, a prefill, an odd hidden size, a non-contiguous view
+SHAPES = [((1, 1, 256), True), ((2, 7, 256), True), ((1, 128, 256), True), ((2, 5, 100), True),
+          ((2, 9, 72), False)]
+SHAPE_IDS = ["1x1", "2x7", "1x128", "odd100", "noncontig72"]
+
+
+# ------------------------------------------------------------------ static checks (fast)
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if (KERNELS / f"{f}.py").exists()])
+def test_kernel_file_format(family):
+    text = kernel_file(family)
+    cand = parse_candidate(text + "\n\ndef forward(module, x):\n    return x\n", "cpu", family)
+    check_host_code(cand.code)
+    check_kernel_source(cand.source, "c++")
+    assert parse_extern_c(cand.source)
+    assert f"\ndef {family}(" in text and "\ndef forward(" not in text
+    assert text.startswith('"""')
+
+
+# ------------------------------------------------------------------ rms_norm
+
+def _rms_module(cls_name: str, hidden: int, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    cls = {"LlamaRMSNorm": LlamaRMSNorm, "Qwen2RMSNorm": Qwen2RMSNorm, "MistralRMSNorm": MistralRMSNorm}[cls_name]
+    m = cls(hidden, eps=1e-5)
+    with torch.no_grad():
+        m.weight.normal_(1.0, 0.2)
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("cls_name", ["LlamaRMSNorm"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_proven(tmp_path, cls_name, shape, contiguous, dtype):
+    m = _rms_module(cls_name, shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.parametrize("cls_name", ["Qwen2RMSNorm", "MistralRMSNorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_other_classes(tmp_path, cls_name, dtype):
+    m = _rms_module(cls_name, 100, dtype)
+    assert_proven(prove(tmp_path, m, make_input((2, 7, 100), dtype), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_bf16_input_float32_weight(tmp_path):
+    m = _rms_module("LlamaRMSNorm", 96, torch.float32)
+    assert_proven(prove(tmp_path, m, make_input((2, 7, 96), torch.bfloat16), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_wrong_variant_rejected(tmp_path, dtype):
+    wrong = mutate(kernel_file("rms_norm"), "ss / (float)dim + eps", "ss / (float)(dim - 16) + eps")
+    m = _rms_module("LlamaRMSNorm", 256, dtype)
+    assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), dtype), wrong, GLUE_RMS))
+
