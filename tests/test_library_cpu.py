@@ -138,3 +138,64 @@ def test_rms_norm_wrong_variant_rejected(tmp_path, dtype):
     m = _rms_module("LlamaRMSNorm", 256, dtype)
     assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), dtype), wrong, GLUE_RMS))
 
+
+# ------------------------------------------------------------------ gated_mlp
+
+GATED_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # HF hidden_act -> family act
+
+
+def _gated_glue(hidden_act: str) -> str:
+    return ("def forward(module, x):\n    return gated_mlp(x, module.gate_proj.weight, module.up_proj.weight, "
+            f"module.down_proj.weight, {GATED_ACTS[hidden_act]!r})\n")
+
+
+def _gated_module(kind: str, hidden: int, dtype: torch.dtype, hidden_act: str = "silu") -> torch.nn.Module:
+    from transformers import GemmaConfig, LlamaConfig, Qwen2Config
+    from transformers.models.gemma.modeling_gemma import GemmaMLP
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    torch.manual_seed(0)
+    inter = 2 * hidden + 6  # not a multiple of 16: the vector loops' tails run
+    heads = {"num_attention_heads": 1, "num_key_value_heads": 1}  # any hidden size passes the config's checks
+    if kind == "GemmaMLP":
+        m = GemmaMLP(GemmaConfig(hidden_size=hidden, intermediate_size=inter, hidden_activation=hidden_act, **heads))
+    elif kind == "Qwen2MLP":
+        m = Qwen2MLP(Qwen2Config(hidden_size=hidden, intermediate_size=inter, hidden_act=hidden_act, **heads))
+    else:
+        m = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=inter, hidden_act=hidden_act, **heads))
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_silu_proven(tmp_path, shape, contiguous, dtype):
+    m = _gated_module("LlamaMLP", shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("gated_mlp"), _gated_glue("silu")))
+
+
+@pytest.mark.parametrize("kind, hidden_act", [("GemmaMLP", "gelu_pytorch_tanh"), ("LlamaMLP", "gelu_pytorch_tanh"),
+                                              ("LlamaMLP", "gelu"), ("Qwen2MLP", "silu")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", [SHAPES[3], SHAPES[4]], ids=["odd100", "noncontig72"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_other_acts_proven(tmp_path, kind, hidden_act, shape, contiguous, dtype):
+    m = _gated_module(kind, shape[-1], dtype, hidden_act)
+    x = make_input(shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, x, kernel_file("gated_mlp"), _gated_glue(hidden_act)))
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_wrong_variant_rejected(tmp_path, hidden_act):
+    text = kernel_file("gated_mlp")
+    wrong = mutate(mutate(text, "out[i] = a * u[i];", "out[i] = a * u[i] + (i % 64 == 5 ? a : 0.0f);"),
+                   "kappa = 0.044715f", "kappa = 0.0447f")
+    m = _gated_module("LlamaMLP", 256, torch.float32, hidden_act)
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _gated_glue(hidden_act)))
+
