@@ -199,3 +199,44 @@ def test_gated_mlp_wrong_variant_rejected(tmp_path, hidden_act):
     x = make_input((2, 7, 256), torch.float32)
     assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _gated_glue(hidden_act)))
 
+
+# ------------------------------------------------------------------ gelu_tanh
+
+GLUE_GELU_TANH = "def forward(module, x):\n    return gelu_tanh(x)\n"
+
+
+def _gelu_tanh_module(cls_name: str) -> torch.nn.Module:
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    if cls_name == "GELU":
+        return torch.nn.GELU(approximate="tanh").eval()
+    return {"NewGELUActivation": NewGELUActivation, "GELUTanh": GELUTanh}[cls_name]().eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_proven(tmp_path, shape, contiguous, dtype):
+    m = _gelu_tanh_module("NewGELUActivation")
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("gelu_tanh"), GLUE_GELU_TANH))
+
+
+@pytest.mark.parametrize("cls_name", ["GELUTanh", "GELU"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_other_classes(tmp_path, cls_name, dtype):
+    m = _gelu_tanh_module(cls_name)
+    x = make_input((2, 9, 1000), dtype)
+    assert_proven(prove(tmp_path, m, x, kernel_file("gelu_tanh"), GLUE_GELU_TANH))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_wrong_variant_rejected(tmp_path):
+    wrong = mutate(kernel_file("gelu_tanh"), "KAPPA = 0.044715f", "KAPPA = 0.0447f")
+    m = _gelu_tanh_module("NewGELUActivation")
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, GLUE_GELU_TANH))
+
