@@ -240,3 +240,49 @@ def test_gelu_tanh_wrong_variant_rejected(tmp_path):
     x = make_input((2, 7, 256), torch.float32)
     assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, GLUE_GELU_TANH))
 
+
+# ------------------------------------------------------------------ gpt2_mlp
+
+GLUE_GPT2 = ("def forward(module, x):\n    return gpt2_mlp(x, module.c_fc.weight, module.c_fc.bias, "
+             "module.c_proj.weight, module.c_proj.bias)\n")
+
+
+def _gpt2_module(hidden: int, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    torch.manual_seed(0)
+    m = GPT2MLP(4 * hidden + 4, GPT2Config(n_embd=hidden, n_head=1))
+    with torch.no_grad():  # GPT-2 initializes with std 0.02 and zero biases: give the biases values to add
+        for p in m.parameters():
+            p.normal_(0.0, 0.5 if p.ndim == 1 else 0.05)
+    return m.eval().to(dtype)
+
+
+def _gpt2_input(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool) -> torch.Tensor:
+    if contiguous:
+        return make_input(shape, dtype)
+    # Conv1D views its input as [-1, hidden], which a transposed view refuses in eager: rows with a stride instead
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    torch.manual_seed(0)
+    return torch.randn(rows, 2 * shape[-1]).to(dtype)[:, :shape[-1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gpt2_mlp_proven(tmp_path, shape, contiguous, dtype):
+    m = _gpt2_module(shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, _gpt2_input(shape, dtype, contiguous), kernel_file("gpt2_mlp"), GLUE_GPT2))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gpt2_mlp_wrong_variant_rejected(tmp_path):
+    wrong = mutate(kernel_file("gpt2_mlp"), "KAPPA = 0.044715f", "KAPPA = 0.0447f")
+    m = _gpt2_module(256, torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), torch.float32), wrong, GLUE_GPT2))
+
