@@ -286,3 +286,56 @@ def test_gpt2_mlp_wrong_variant_rejected(tmp_path):
     m = _gpt2_module(256, torch.float32)
     assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), torch.float32), wrong, GLUE_GPT2))
 
+
+# ------------------------------------------------------------------ linear_gelu
+
+def _linear_gelu_glue(approximate: str) -> str:
+    return ("def forward(module, x):\n    return linear_gelu(x, module.dense.weight, module.dense.bias, "
+            f"{approximate!r})\n")
+
+
+def _intermediate_module(kind: str, hidden: int, dtype: torch.dtype, hidden_act: str = "gelu") -> torch.nn.Module:
+    from transformers import BertConfig, RobertaConfig
+    from transformers.models.bert.modeling_bert import BertIntermediate
+    from transformers.models.roberta.modeling_roberta import RobertaIntermediate
+
+    torch.manual_seed(0)
+    kw = {"hidden_size": hidden, "intermediate_size": 4 * hidden + 4, "num_attention_heads": 1,
+          "hidden_act": hidden_act}
+    m = BertIntermediate(BertConfig(**kw)) if kind == "BertIntermediate" else RobertaIntermediate(RobertaConfig(**kw))
+    with torch.no_grad():
+        m.dense.weight.normal_(0.0, 0.05)
+        m.dense.bias.normal_(0.0, 0.5)
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_proven(tmp_path, shape, contiguous, dtype):
+    m = _intermediate_module("BertIntermediate", shape[-1], dtype)
+    x = make_input(shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, x, kernel_file("linear_gelu"), _linear_gelu_glue("none")))
+
+
+@pytest.mark.parametrize("kind, hidden_act, approximate", [("BertIntermediate", "gelu_pytorch_tanh", "tanh"),
+                                                           ("RobertaIntermediate", "gelu", "none")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_other_modules(tmp_path, kind, hidden_act, approximate, dtype):
+    m = _intermediate_module(kind, 100, dtype, hidden_act)
+    x = make_input((2, 9, 100), dtype, contiguous=False)
+    assert_proven(prove(tmp_path, m, x, kernel_file("linear_gelu"), _linear_gelu_glue(approximate)))
+
+
+@pytest.mark.parametrize("hidden_act, approximate", [("gelu", "none"), ("gelu_pytorch_tanh", "tanh")])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_wrong_variant_rejected(tmp_path, hidden_act, approximate):
+    text = kernel_file("linear_gelu")
+    wrong = mutate(mutate(text, "x * 0.70710678118654752f", "x * 0.707f"), "kappa = 0.044715f", "kappa = 0.0447f")
+    m = _intermediate_module("BertIntermediate", 256, torch.float32, hidden_act)
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _linear_gelu_glue(approximate)))
