@@ -1,7 +1,7 @@
 """Shipped CPU library kernels (metal_accel/library/kernels/cpu) against the real modules' eager forward.
 
     METAL_ACCEL_TRUST_NATIVE=1 python benchmarks/library_cpu.py [--out library_cpu.json] [--family rms_norm ...]
-        [--budget 2.0]
+        [--hidden 256 ...] [--seq 128 ...] [--dtype float32 bfloat16] [--budget 2.0] [--threads N]
 
 Each family's kernel file plus the glue the library appends is compiled and run in process (as a shipped
 kernel runs), on a transformers module at realistic shapes; eager and kernel are timed in interleaved
@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,12 +38,17 @@ GLUE = {
                     "'none')\n"),
 }
 
+# realistic sizes per family: a prefill of 128 tokens; MLPs also one decode token (GEMV-bound)
+HIDDEN = {"rms_norm": [256, 1024, 2048], "gated_mlp": [256, 512, 1024], "gelu_tanh": [1024, 4096, 8192],
+          "gpt2_mlp": [256, 512, 1024], "linear_gelu": [256, 512, 1024]}
+SEQ = {"rms_norm": [1, 128], "gated_mlp": [1, 128], "gelu_tanh": [128], "gpt2_mlp": [1, 128], "linear_gelu": [1, 128]}
+
 
 def modules(family: str, hidden: int, dtype: Any) -> list[tuple[str, Any, str]]:
     """(label, module, glue) for FAMILY at hidden size HIDDEN."""
     import torch
     from transformers import BertConfig, GPT2Config, LlamaConfig
-    from transformers.activations import NewGELUActivation
+    from transformers.activations import GELUTanh, NewGELUActivation
     from transformers.models.bert.modeling_bert import BertIntermediate
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
@@ -60,13 +66,15 @@ def modules(family: str, hidden: int, dtype: Any) -> list[tuple[str, Any, str]]:
             cfg = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, hidden_act=act)
             out.append((f"LlamaMLP[{act}]", LlamaMLP(cfg), glue.replace("ACT", repr(name))))
     elif family == "gelu_tanh":
-        out = [("NewGELUActivation", NewGELUActivation(), glue)]
+        out = [("NewGELUActivation", NewGELUActivation(), glue), ("GELUTanh", GELUTanh(), glue)]
     elif family == "gpt2_mlp":
         cfg = GPT2Config(n_embd=hidden)
         out = [("GPT2MLP", GPT2MLP(4 * hidden, cfg), glue)]
     else:
-        cfg = BertConfig(hidden_size=hidden, intermediate_size=4 * hidden)
-        out = [("BertIntermediate", BertIntermediate(cfg), glue)]
+        out = []
+        for act, approximate in (("gelu", "none"), ("gelu_pytorch_tanh", "tanh")):
+            cfg = BertConfig(hidden_size=hidden, intermediate_size=4 * hidden, hidden_act=act)
+            out.append((f"BertIntermediate[{act}]", BertIntermediate(cfg), glue.replace("'none'", repr(approximate))))
     return [(label, m.eval().to(dtype), g) for label, m, g in out]
 
 
@@ -102,7 +110,12 @@ def bench_case(family: str, label: str, module: Any, glue: str, shape: tuple[int
         (x,), _ = inputs[0]
         ref, got = eager(x), kernel(x)
         err = ((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
-        r = compare_speed(eager, kernel, inputs, margin=0.0, min_reps=200, max_reps=2000, budget_s=budget_s)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            eager(x)
+        per_call = (time.perf_counter() - t0) / 3
+        pairs = int(max(30, min(200, budget_s / (2 * per_call))))  # slow calls (big GEMMs): fewer pairs
+        r = compare_speed(eager, kernel, inputs, margin=0.0, min_reps=pairs, max_reps=2000, budget_s=budget_s)
     row = {"family": family, "module": label, "shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
            "eager_us": round(r.eager_us, 2), "kernel_us": round(r.kernel_us, 2),
            "ratio": round(r.eager_us / r.kernel_us, 3), "pairs": r.reps, "rel_err_vs_eager": err}
@@ -115,10 +128,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="library_cpu.json")
     parser.add_argument("--family", nargs="*", default=list(GLUE))
-    parser.add_argument("--hidden", nargs="*", type=int, default=[256, 1024, 2048])
-    parser.add_argument("--seq", nargs="*", type=int, default=[128])
+    parser.add_argument("--hidden", nargs="*", type=int, default=None,
+                        help="hidden sizes (default per family: HIDDEN; gelu_tanh's is the MLP's 4 * hidden)")
+    parser.add_argument("--seq", nargs="*", type=int, default=None, help="sequence lengths (default per family: SEQ)")
     parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per case")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads (kernels share torch's OpenMP runtime, so theirs too)")
     args = parser.parse_args()
     os.environ.setdefault("METAL_ACCEL_USER_CACHE", tempfile.mkdtemp(prefix="metal_accel_libbench_"))
     if os.environ.get("METAL_ACCEL_TRUST_NATIVE") != "1":
@@ -127,13 +143,15 @@ def main() -> int:
 
     from metal_accel.backends.cpu.backend import cpu_name
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = []
     for family in args.family:
-        for hidden in args.hidden:
+        for hidden in args.hidden or HIDDEN[family]:
             for dname in args.dtype:
                 dtype = getattr(torch, dname)
                 for label, module, glue in modules(family, hidden, dtype):
-                    for seq in args.seq:
+                    for seq in args.seq or SEQ[family]:
                         rows.append(bench_case(family, label, module, glue, (1, seq, hidden), dtype, args.budget))
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
