@@ -339,3 +339,24 @@ def test_linear_gelu_wrong_variant_rejected(tmp_path, hidden_act, approximate):
     m = _intermediate_module("BertIntermediate", 256, torch.float32, hidden_act)
     x = make_input((2, 7, 256), torch.float32)
     assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _linear_gelu_glue(approximate)))
+
+
+# ------------------------------------------------------------------ dtypes no kernel serves
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_float16_falls_back_to_the_reference(tmp_path, family):
+    """float16 runs each file's torch fallback: still judged correct against the module in float16."""
+    dtype, hidden = torch.float16, 64
+    if family == "rms_norm":
+        m, glue = _rms_module("LlamaRMSNorm", hidden, dtype), GLUE_RMS
+    elif family == "gated_mlp":
+        m, glue = _gated_module("LlamaMLP", hidden, dtype), _gated_glue("silu")
+    elif family == "gelu_tanh":
+        m, glue = _gelu_tanh_module("NewGELUActivation").to(dtype), GLUE_GELU_TANH
+    elif family == "gpt2_mlp":
+        m, glue = _gpt2_module(hidden, dtype), GLUE_GPT2
+    else:
+        m, glue = _intermediate_module("BertIntermediate", hidden, dtype), _linear_gelu_glue("none")
+    assert_proven(prove(tmp_path, m, make_input((2, 7, hidden), dtype), kernel_file(family), glue))

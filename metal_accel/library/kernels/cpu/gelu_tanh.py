@@ -66,7 +66,7 @@ extern "C" void gelu_tanh_bf16_kernel(const uint16_t* x, uint16_t* out, int64_t 
 
 def gelu_tanh(x):
     if x.dtype not in (torch.float32, torch.bfloat16) or x.numel() == 0:
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3.0))))
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
     # eager's output takes x's layout (a permuted x gives a permuted result): same allocation here
     out = torch.empty_like(x)
     dst = out if out.is_contiguous() else torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)

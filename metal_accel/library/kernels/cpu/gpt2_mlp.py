@@ -80,5 +80,5 @@ def gpt2_mlp(x, fc_weight, fc_bias, proj_weight, proj_bias):
     elif served:
         lib.gpt2_gelu_bf16(h, h.numel())
     else:
-        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h.pow(3.0))))
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * (h * h * h))))
     return torch.addmm(proj_bias, h, proj_weight).view(lead + (proj_weight.shape[-1],))

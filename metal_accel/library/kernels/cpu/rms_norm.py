@@ -123,7 +123,7 @@ def rms_norm(x, weight, eps):
               and not (x.dtype == torch.float32 and weight.dtype == torch.bfloat16))
     if not served:
         h = x.to(torch.float32)
-        h = h * (h.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+        h = h * ((h * h).mean(-1, keepdim=True) + eps).rsqrt()
         return weight * h.to(x.dtype)
     w = weight.contiguous()
     rows = x.numel() // dim
