@@ -1,11 +1,13 @@
 """gated_mlp (HF LlamaMLP/Qwen2MLP/MistralMLP): down(act(gate(x)) * up(x)), act silu, gelu_tanh or gelu.
 
-The three GEMMs stay with torch's BLAS (oneDNN/MKL, AMX for bfloat16 where the CPU has it); the win is the
-elementwise middle: eager makes two more passes over the [rows, intermediate] activations (act, then the
-product) with a temporary each, here one vectorized pass (ma_vecmath.h's silu/tanh/erf under `omp simd`,
-threads for large tensors) writes act(g) * u over g in place, no allocation. Rounding follows eager's two
+The three GEMMs stay with torch's BLAS, as eager runs them; the win is the elementwise middle: eager
+makes two more passes over the [rows, intermediate] activations (act, then the product) with a temporary
+each, here one vectorized pass (ma_vecmath.h's silu/tanh under `omp simd`, threads for large tensors)
+writes act(g) * u over g in place, no allocation. Rounding follows eager's two
 ops: act(g) is rounded to the tensor's dtype before the product (bfloat16: both steps round to bfloat16).
-Served: float32 and bfloat16 with weights of x's dtype; anything else runs the reference in torch.
+act="gelu" (erf) runs eager's ops: torch's erf GELU plus the product beat this pass with
+ma_vecmath's erf on a Xeon (float32 even, bfloat16 0.5x). Served: act silu or gelu_tanh, float32 and
+bfloat16 with weights of x's dtype; anything else runs the reference in torch.
 """
 
 SOURCE = r"""
@@ -39,7 +41,6 @@ static inline float gelu_tanh_f(float x) {
 
 #define MA_ACT_SILU 0
 #define MA_ACT_GELU_TANH 1
-#define MA_ACT_GELU 2
 
 // act(g[i]) * u[i] over [begin, end); out may be g itself
 template <int ACT>
@@ -47,7 +48,7 @@ static inline void gated_f32(const float* g, const float* u, float* out, int64_t
   #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float v = g[i];
-    const float a = ACT == MA_ACT_SILU ? ma_siluf(v) : ACT == MA_ACT_GELU_TANH ? gelu_tanh_f(v) : ma_geluf(v);
+    const float a = ACT == MA_ACT_SILU ? ma_siluf(v) : gelu_tanh_f(v);
     out[i] = a * u[i];
   }
 }
@@ -57,7 +58,7 @@ static inline void gated_bf16(const uint16_t* g, const uint16_t* u, uint16_t* ou
   #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float v = bf16_to_f32(g[i]);
-    const float a = ACT == MA_ACT_SILU ? ma_siluf(v) : ACT == MA_ACT_GELU_TANH ? gelu_tanh_f(v) : ma_geluf(v);
+    const float a = ACT == MA_ACT_SILU ? ma_siluf(v) : gelu_tanh_f(v);
     out[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(a)) * bf16_to_f32(u[i]));
   }
 }
@@ -76,25 +77,21 @@ static void chunked(int64_t n, F body) {
 extern "C" void gated_act_f32(const float* g, const float* u, float* out, int64_t n, int act) {
   if (act == MA_ACT_SILU)
     chunked<float>(n, [&](int64_t b, int64_t e) { gated_f32<MA_ACT_SILU>(g, u, out, b, e); });
-  else if (act == MA_ACT_GELU_TANH)
-    chunked<float>(n, [&](int64_t b, int64_t e) { gated_f32<MA_ACT_GELU_TANH>(g, u, out, b, e); });
   else
-    chunked<float>(n, [&](int64_t b, int64_t e) { gated_f32<MA_ACT_GELU>(g, u, out, b, e); });
+    chunked<float>(n, [&](int64_t b, int64_t e) { gated_f32<MA_ACT_GELU_TANH>(g, u, out, b, e); });
 }
 
 extern "C" void gated_act_bf16(const uint16_t* g, const uint16_t* u, uint16_t* out, int64_t n, int act) {
   if (act == MA_ACT_SILU)
     chunked<uint16_t>(n, [&](int64_t b, int64_t e) { gated_bf16<MA_ACT_SILU>(g, u, out, b, e); });
-  else if (act == MA_ACT_GELU_TANH)
-    chunked<uint16_t>(n, [&](int64_t b, int64_t e) { gated_bf16<MA_ACT_GELU_TANH>(g, u, out, b, e); });
   else
-    chunked<uint16_t>(n, [&](int64_t b, int64_t e) { gated_bf16<MA_ACT_GELU>(g, u, out, b, e); });
+    chunked<uint16_t>(n, [&](int64_t b, int64_t e) { gated_bf16<MA_ACT_GELU_TANH>(g, u, out, b, e); });
 }
 """
 
 
 def gated_mlp(x, gate_weight, up_weight, down_weight, act):
-    code = 0 if act == "silu" else 1 if act == "gelu_tanh" else 2 if act == "gelu" else -1
+    code = 0 if act == "silu" else 1 if act == "gelu_tanh" else -1
     served = (code >= 0 and x.dtype in (torch.float32, torch.bfloat16) and x.numel() > 0
               and gate_weight.dtype == x.dtype and up_weight.dtype == x.dtype and down_weight.dtype == x.dtype)
     g = F.linear(x, gate_weight)

@@ -1,8 +1,10 @@
-"""gelu_tanh (HF NewGELUActivation, GELUTanh; torch GELU(approximate="tanh")): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+"""gelu_tanh (HF NewGELUActivation, GELUTanh; torch GELU(approximate="tanh")).
+
+0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
 NewGELUActivation runs this formula as eight eager ops (pow, two scalar muls, add, tanh, add, two muls), each
-a pass over memory with a temporary; torch's fused gelu(approximate="tanh") is one pass but slow on this CPU
-(~2.5x its erf gelu). Here one vectorized pass (ma_vecmath.h's tanh under `omp simd`, threads for large
+a pass over memory with a temporary; torch's fused gelu(approximate="tanh") is one pass but slow on a Xeon
+(several times its erf gelu). Here one vectorized pass (ma_vecmath.h's tanh under `omp simd`, threads for large
 tensors). float32 evaluates the formula's operations in its order, each rounded to float. bfloat16 is
 computed in float and rounded once, as torch's gelu(approximate="tanh") does: NewGELUActivation's eager
 ops round every intermediate to bfloat16 (1 + tanh cancels to 0 for x below about -3), and the proof

@@ -1,11 +1,13 @@
-"""linear_gelu (BERT/ViT intermediate: dense then GELU): gelu(linear(x, weight, bias), approximate).
+"""linear_gelu (BERT/RoBERTa intermediate: dense then GELU): gelu(linear(x, weight, bias), approximate).
 
-The GEMM (bias folded in) stays with torch's BLAS, as eager runs it; the GELU runs in place over the GEMM's
-output in one vectorized pass (ma_vecmath.h's erf/tanh under `omp simd`, threads for large tensors), so
-the [rows, intermediate] activation gets no second allocation (fresh pages cost more than the pass on
-large tensors) and the tanh form skips torch's slow tanh path. Each element is computed in float and
-rounded once to the tensor's dtype, as torch's gelu does. Served: float32, bfloat16 (operands of x's
-dtype), approximate "none" or "tanh"; anything else runs the reference in torch.
+The GEMM (bias folded in) stays with torch's BLAS, as eager runs it. approximate="tanh": the GELU runs in
+place over the GEMM's output in one vectorized pass (ma_vecmath.h's tanh under `omp simd`, threads for
+large tensors), 2.5x faster than torch's tanh GELU on a Xeon and with no second [rows, intermediate]
+allocation; each element computed in float and rounded once to the tensor's dtype, as torch's gelu does.
+approximate="none" runs torch's own gelu: its erf GELU was as fast as or faster than the same pass
+with ma_vecmath's erf on a Xeon (1.0x float32, 0.9x bfloat16 end to end), so only the tanh form is a
+kernel. Served: float32, bfloat16 (operands of x's dtype) with
+approximate="tanh"; anything else runs the reference in torch.
 """
 
 SOURCE = r"""
@@ -37,21 +39,16 @@ static inline float gelu_tanh_f(float x) {
   return 0.5f * x * (1.0f + ma_tanhf(inner));
 }
 
-// torch's gelu: x * 0.5 * (1 + erf(x / sqrt(2)))
-static inline float gelu_erf_f(float x) { return x * 0.5f * (1.0f + ma_erff(x * 0.70710678118654752f)); }
-
-template <bool TANH>
 static void gelu_f32(float* h, int64_t n) {
   const int64_t chunk = 4096, nchunks = (n + chunk - 1) / chunk;
   #pragma omp parallel for schedule(static) if (n > 32768)
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t b = c * chunk, e = b + chunk < n ? b + chunk : n;
     #pragma omp simd
-    for (int64_t i = b; i < e; ++i) h[i] = TANH ? gelu_tanh_f(h[i]) : gelu_erf_f(h[i]);
+    for (int64_t i = b; i < e; ++i) h[i] = gelu_tanh_f(h[i]);
   }
 }
 
-template <bool TANH>
 static void gelu_bf16(uint16_t* h, int64_t n) {
   const int64_t chunk = 4096, nchunks = (n + chunk - 1) / chunk;
   #pragma omp parallel for schedule(static) if (n > 32768)
@@ -60,30 +57,26 @@ static void gelu_bf16(uint16_t* h, int64_t n) {
     #pragma omp simd
     for (int64_t i = b; i < e; ++i) {
       const float v = bf16_to_f32(h[i]);
-      h[i] = f32_to_bf16(TANH ? gelu_tanh_f(v) : gelu_erf_f(v));
+      h[i] = f32_to_bf16(gelu_tanh_f(v));
     }
   }
 }
 
-// in place over h[0, n); tanh != 0: the tanh approximation
-extern "C" void gelu_inplace_f32(float* h, int64_t n, int tanh) {
-  if (tanh) gelu_f32<true>(h, n); else gelu_f32<false>(h, n);
-}
+// in place over h[0, n)
+extern "C" void gelu_tanh_inplace_f32(float* h, int64_t n) { gelu_f32(h, n); }
 
-extern "C" void gelu_inplace_bf16(uint16_t* h, int64_t n, int tanh) {
-  if (tanh) gelu_bf16<true>(h, n); else gelu_bf16<false>(h, n);
-}
+extern "C" void gelu_tanh_inplace_bf16(uint16_t* h, int64_t n) { gelu_bf16(h, n); }
 """
 
 
 def linear_gelu(x, weight, bias, approximate):
     h = F.linear(x, weight, bias)
     served = (x.dtype in (torch.float32, torch.bfloat16) and h.dtype == x.dtype and h.numel() > 0
-              and h.is_contiguous() and approximate in ("none", "tanh"))
+              and h.is_contiguous() and approximate == "tanh")
     if not served:
         return F.gelu(h, approximate=approximate)
     if x.dtype == torch.float32:
-        lib.gelu_inplace_f32(h, h.numel(), 1 if approximate == "tanh" else 0)
+        lib.gelu_tanh_inplace_f32(h, h.numel())
     else:
-        lib.gelu_inplace_bf16(h, h.numel(), 1 if approximate == "tanh" else 0)
+        lib.gelu_tanh_inplace_bf16(h, h.numel())
     return h
