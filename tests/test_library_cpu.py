@@ -5,6 +5,7 @@ for the module's class: optimize() must judge it correct (the proof's trials aga
 every shape and dtype served. Speed is not asserted (a busy 2-core machine proves nothing about speed):
 a kernel the proof found correct but not faster counts as proven. A deliberately wrong variant of each
 file must be rejected as incorrect, so these tests can fail. Speed figures: benchmarks/library_cpu.py.
+Every optimize() here compiles and proves (5-15 s on 2 busy cores): all but the static checks are slow.
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ FAMILIES = ("rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu")
 # verdict reasons of a candidate that passed the correctness proof and lost only on speed (proof/speed.py)
 SPEED_ONLY = ("not faster", "within noise", "unreliable timing")
 GLUE_RMS = "def forward(module, x):\n    return rms_norm(x, module.weight, module.variance_epsilon)\n"
-
-slow = [pytest.mark.slow, pytest.mark.needs_cxx]
 
 
 def kernel_file(family: str) -> str:
