@@ -1,0 +1,360 @@
+"""The shipped CPU kernel library (metal_accel/library/kernels/cpu/<family>.py) on the real transformers modules.
+
+Each family's file, with the glue the library appends, goes through the real pipeline as a `dir:` candidate
+for the module's class: optimize() must judge it correct (the proof's trials against eager and float64) at
+every shape and dtype served. Speed is not asserted (a busy 2-core machine proves nothing about speed):
+a kernel the proof found correct but not faster counts as proven. A deliberately wrong variant of each
+file must be rejected as incorrect, so these tests can fail. Speed figures: benchmarks/library_cpu.py.
+Every optimize() here compiles and proves (5-15 s on 2 busy cores): all but the static checks are slow.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel.backends.cpu.signature import parse_extern_c
+from metal_accel.core.candidate import parse_candidate
+from metal_accel.sandbox.host import check_host_code
+from metal_accel.sandbox.kernel_source import check_kernel_source
+
+KERNELS = Path(__file__).resolve().parent.parent / "metal_accel" / "library" / "kernels" / "cpu"
+FAMILIES = ("rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu")
+# verdict reasons of a candidate that passed the correctness proof and lost only on speed (proof/speed.py)
+SPEED_ONLY = ("not faster", "within noise", "unreliable timing")
+GLUE_RMS = "def forward(module, x):\n    return rms_norm(x, module.weight, module.variance_epsilon)\n"
+
+
+def kernel_file(family: str) -> str:
+    return (KERNELS / f"{family}.py").read_text()
+
+
+def mutate(text: str, old: str, new: str) -> str:
+    """TEXT with OLD replaced once (the wrong variants; fails loudly when the file no longer has OLD)."""
+    assert text.count(old) >= 1, f"{old!r} not in the kernel file"
+    return text.replace(old, new, 1)
+
+
+def prove(tmp_path: Path, module: torch.nn.Module, x: torch.Tensor, text: str, glue: str) -> metal_accel.ModuleReport:
+    """optimize() MODULE on X with TEXT + GLUE as the only candidate; the module's report."""
+    folder = tmp_path / "cands" / "cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{type(module).__name__}.py").write_text(text + "\n\n" + glue)
+    metal_accel.optimize(module, (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False,
+                         bench_budget_s=0.1, progress=False, strict=True)
+    return next(m for m in metal_accel.explain(module).modules if m.name == type(module).__name__)
+
+
+def judged_correct(rep: metal_accel.ModuleReport) -> bool:
+    """The candidate passed the correctness proof: installed, or rejected on speed alone."""
+    if rep.status == "kernel":
+        return True
+    return bool(rep.rejected) and all(r.split(": ", 1)[-1].startswith(SPEED_ONLY) for r in rep.rejected)
+
+
+def assert_proven(rep: metal_accel.ModuleReport) -> None:
+    assert judged_correct(rep), f"{rep.status}: {rep.reason}; rejected: {rep.rejected}"
+
+
+def assert_rejected_as_wrong(rep: metal_accel.ModuleReport) -> None:
+    assert rep.status == "eager" and any("incorrect" in r for r in rep.rejected), (rep.reason, rep.rejected)
+
+
+def make_input(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool = True) -> torch.Tensor:
+    torch.manual_seed(0)
+    if contiguous:
+        return torch.randn(shape).to(dtype)
+    # the same shape as a transposed view: the last dim is not the contiguous one
+    return torch.randn(*shape[:-2], shape[-1], shape[-2]).to(dtype).transpose(-1, -2)
+
+
+# (shape, contiguous): one row, a small batch, a prefill, an odd hidden size, a non-contiguous view
+SHAPES = [((1, 1, 256), True), ((2, 7, 256), True), ((1, 128, 256), True), ((2, 5, 100), True),
+          ((2, 9, 72), False)]
+SHAPE_IDS = ["1x1", "2x7", "1x128", "odd100", "noncontig72"]
+
+
+# ------------------------------------------------------------------ static checks (fast)
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if (KERNELS / f"{f}.py").exists()])
+def test_kernel_file_format(family):
+    text = kernel_file(family)
+    cand = parse_candidate(text + "\n\ndef forward(module, x):\n    return x\n", "cpu", family)
+    check_host_code(cand.code)
+    check_kernel_source(cand.source, "c++")
+    assert parse_extern_c(cand.source)
+    assert f"\ndef {family}(" in text and "\ndef forward(" not in text
+    assert text.startswith('"""')
+
+
+# ------------------------------------------------------------------ rms_norm
+
+def _rms_module(cls_name: str, hidden: int, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    cls = {"LlamaRMSNorm": LlamaRMSNorm, "Qwen2RMSNorm": Qwen2RMSNorm, "MistralRMSNorm": MistralRMSNorm}[cls_name]
+    m = cls(hidden, eps=1e-5)
+    with torch.no_grad():
+        m.weight.normal_(1.0, 0.2)
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("cls_name", ["LlamaRMSNorm"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_proven(tmp_path, cls_name, shape, contiguous, dtype):
+    m = _rms_module(cls_name, shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.parametrize("cls_name", ["Qwen2RMSNorm", "MistralRMSNorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_other_classes(tmp_path, cls_name, dtype):
+    m = _rms_module(cls_name, 100, dtype)
+    assert_proven(prove(tmp_path, m, make_input((2, 7, 100), dtype), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_bf16_input_float32_weight(tmp_path):
+    m = _rms_module("LlamaRMSNorm", 96, torch.float32)
+    assert_proven(prove(tmp_path, m, make_input((2, 7, 96), torch.bfloat16), kernel_file("rms_norm"), GLUE_RMS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_rms_norm_wrong_variant_rejected(tmp_path, dtype):
+    wrong = mutate(kernel_file("rms_norm"), "ss / (float)dim + eps", "ss / (float)(dim - 16) + eps")
+    m = _rms_module("LlamaRMSNorm", 256, dtype)
+    assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), dtype), wrong, GLUE_RMS))
+
+
+# ------------------------------------------------------------------ gated_mlp
+
+GATED_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # HF hidden_act -> family act
+
+
+def _gated_glue(hidden_act: str) -> str:
+    return ("def forward(module, x):\n    return gated_mlp(x, module.gate_proj.weight, module.up_proj.weight, "
+            f"module.down_proj.weight, {GATED_ACTS[hidden_act]!r})\n")
+
+
+def _gated_module(kind: str, hidden: int, dtype: torch.dtype, hidden_act: str = "silu") -> torch.nn.Module:
+    from transformers import GemmaConfig, LlamaConfig, Qwen2Config
+    from transformers.models.gemma.modeling_gemma import GemmaMLP
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    torch.manual_seed(0)
+    inter = 2 * hidden + 6  # not a multiple of 16: the vector loops' tails run
+    heads = {"num_attention_heads": 1, "num_key_value_heads": 1}  # any hidden size passes the config's checks
+    if kind == "GemmaMLP":
+        m = GemmaMLP(GemmaConfig(hidden_size=hidden, intermediate_size=inter, hidden_activation=hidden_act, **heads))
+    elif kind == "Qwen2MLP":
+        m = Qwen2MLP(Qwen2Config(hidden_size=hidden, intermediate_size=inter, hidden_act=hidden_act, **heads))
+    else:
+        m = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=inter, hidden_act=hidden_act, **heads))
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_silu_proven(tmp_path, shape, contiguous, dtype):
+    m = _gated_module("LlamaMLP", shape[-1], dtype)
+    x = make_input(shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, x, kernel_file("gated_mlp"), _gated_glue("silu")))
+
+
+@pytest.mark.parametrize("kind, hidden_act", [("GemmaMLP", "gelu_pytorch_tanh"), ("LlamaMLP", "gelu_pytorch_tanh"),
+                                              ("LlamaMLP", "gelu"), ("Qwen2MLP", "silu")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", [SHAPES[3], SHAPES[4]], ids=["odd100", "noncontig72"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_other_acts_proven(tmp_path, kind, hidden_act, shape, contiguous, dtype):
+    m = _gated_module(kind, shape[-1], dtype, hidden_act)
+    x = make_input(shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, x, kernel_file("gated_mlp"), _gated_glue(hidden_act)))
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gated_mlp_wrong_variant_rejected(tmp_path, hidden_act):
+    text = kernel_file("gated_mlp")
+    wrong = mutate(mutate(text, "out[i] = a * u[i];", "out[i] = a * u[i] + (i % 64 == 5 ? a : 0.0f);"),
+                   "kappa = 0.044715f", "kappa = 0.0447f")
+    m = _gated_module("LlamaMLP", 256, torch.float32, hidden_act)
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _gated_glue(hidden_act)))
+
+
+# ------------------------------------------------------------------ gelu_tanh
+
+GLUE_GELU_TANH = "def forward(module, x):\n    return gelu_tanh(x)\n"
+
+
+def _gelu_tanh_module(cls_name: str) -> torch.nn.Module:
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    if cls_name == "GELU":
+        return torch.nn.GELU(approximate="tanh").eval()
+    return {"NewGELUActivation": NewGELUActivation, "GELUTanh": GELUTanh}[cls_name]().eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_proven(tmp_path, shape, contiguous, dtype):
+    m = _gelu_tanh_module("NewGELUActivation")
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("gelu_tanh"), GLUE_GELU_TANH))
+
+
+@pytest.mark.parametrize("cls_name", ["GELUTanh", "GELU"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_other_classes(tmp_path, cls_name, dtype):
+    m = _gelu_tanh_module(cls_name)
+    x = make_input((2, 9, 1000), dtype)
+    assert_proven(prove(tmp_path, m, x, kernel_file("gelu_tanh"), GLUE_GELU_TANH))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gelu_tanh_wrong_variant_rejected(tmp_path):
+    wrong = mutate(kernel_file("gelu_tanh"), "KAPPA = 0.044715f", "KAPPA = 0.0447f")
+    m = _gelu_tanh_module("NewGELUActivation")
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, GLUE_GELU_TANH))
+
+
+# ------------------------------------------------------------------ gpt2_mlp
+
+GLUE_GPT2 = ("def forward(module, x):\n    return gpt2_mlp(x, module.c_fc.weight, module.c_fc.bias, "
+             "module.c_proj.weight, module.c_proj.bias)\n")
+
+
+def _gpt2_module(hidden: int, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    torch.manual_seed(0)
+    m = GPT2MLP(4 * hidden + 4, GPT2Config(n_embd=hidden, n_head=1))
+    with torch.no_grad():  # GPT-2 initializes with std 0.02 and zero biases: give the biases values to add
+        for p in m.parameters():
+            p.normal_(0.0, 0.5 if p.ndim == 1 else 0.05)
+    return m.eval().to(dtype)
+
+
+def _gpt2_input(shape: tuple[int, ...], dtype: torch.dtype, contiguous: bool) -> torch.Tensor:
+    if contiguous:
+        return make_input(shape, dtype)
+    # Conv1D views its input as [-1, hidden], which a transposed view refuses in eager: rows with a stride instead
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    torch.manual_seed(0)
+    return torch.randn(rows, 2 * shape[-1]).to(dtype)[:, :shape[-1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gpt2_mlp_proven(tmp_path, shape, contiguous, dtype):
+    m = _gpt2_module(shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, _gpt2_input(shape, dtype, contiguous), kernel_file("gpt2_mlp"), GLUE_GPT2))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_gpt2_mlp_wrong_variant_rejected(tmp_path):
+    wrong = mutate(kernel_file("gpt2_mlp"), "KAPPA = 0.044715f", "KAPPA = 0.0447f")
+    m = _gpt2_module(256, torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), torch.float32), wrong, GLUE_GPT2))
+
+
+# ------------------------------------------------------------------ linear_gelu
+
+def _linear_gelu_glue(approximate: str) -> str:
+    return ("def forward(module, x):\n    return linear_gelu(x, module.dense.weight, module.dense.bias, "
+            f"{approximate!r})\n")
+
+
+def _intermediate_module(kind: str, hidden: int, dtype: torch.dtype, hidden_act: str = "gelu") -> torch.nn.Module:
+    from transformers import BertConfig, RobertaConfig
+    from transformers.models.bert.modeling_bert import BertIntermediate
+    from transformers.models.roberta.modeling_roberta import RobertaIntermediate
+
+    torch.manual_seed(0)
+    kw = {"hidden_size": hidden, "intermediate_size": 4 * hidden + 4, "num_attention_heads": 1,
+          "hidden_act": hidden_act}
+    m = BertIntermediate(BertConfig(**kw)) if kind == "BertIntermediate" else RobertaIntermediate(RobertaConfig(**kw))
+    with torch.no_grad():
+        m.dense.weight.normal_(0.0, 0.05)
+        m.dense.bias.normal_(0.0, 0.5)
+    return m.eval().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_proven(tmp_path, shape, contiguous, dtype):
+    m = _intermediate_module("BertIntermediate", shape[-1], dtype)
+    x = make_input(shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, x, kernel_file("linear_gelu"), _linear_gelu_glue("none")))
+
+
+@pytest.mark.parametrize("kind, hidden_act, approximate", [("BertIntermediate", "gelu_pytorch_tanh", "tanh"),
+                                                           ("RobertaIntermediate", "gelu", "none")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_other_modules(tmp_path, kind, hidden_act, approximate, dtype):
+    m = _intermediate_module(kind, 100, dtype, hidden_act)
+    x = make_input((2, 9, 100), dtype, contiguous=False)
+    assert_proven(prove(tmp_path, m, x, kernel_file("linear_gelu"), _linear_gelu_glue(approximate)))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_gelu_wrong_variant_rejected(tmp_path):
+    wrong = mutate(kernel_file("linear_gelu"), "kappa = 0.044715f", "kappa = 0.0447f")
+    m = _intermediate_module("BertIntermediate", 256, torch.float32, "gelu_pytorch_tanh")
+    x = make_input((2, 7, 256), torch.float32)
+    assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _linear_gelu_glue("tanh")))
+
+
+# ------------------------------------------------------------------ dtypes no kernel serves
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_float16_falls_back_to_the_reference(tmp_path, family):
+    """float16 runs each file's torch fallback: still judged correct against the module in float16."""
+    dtype, hidden = torch.float16, 64
+    if family == "rms_norm":
+        m, glue = _rms_module("LlamaRMSNorm", hidden, dtype), GLUE_RMS
+    elif family == "gated_mlp":
+        m, glue = _gated_module("LlamaMLP", hidden, dtype), _gated_glue("silu")
+    elif family == "gelu_tanh":
+        m, glue = _gelu_tanh_module("NewGELUActivation").to(dtype), GLUE_GELU_TANH
+    elif family == "gpt2_mlp":
+        m, glue = _gpt2_module(hidden, dtype), GLUE_GPT2
+    else:
+        m, glue = _intermediate_module("BertIntermediate", hidden, dtype), _linear_gelu_glue("none")
+    assert_proven(prove(tmp_path, m, make_input((2, 7, hidden), dtype), kernel_file(family), glue))
