@@ -91,7 +91,7 @@ extern "C" void gated_act_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o
 
 
 def gated_mlp(x, gate_weight, up_weight, down_weight, act):
-    code = 0 if act == "silu" else 1 if act == "gelu_tanh" else -1
+    code = 0 if act == "silu" else 1 if act in ("gelu_tanh", "gelu_new") else -1
     served = (code >= 0 and x.dtype in (torch.float32, torch.bfloat16) and x.numel() > 0
               and gate_weight.dtype == x.dtype and up_weight.dtype == x.dtype and down_weight.dtype == x.dtype)
     g = F.linear(x, gate_weight)
@@ -99,8 +99,10 @@ def gated_mlp(x, gate_weight, up_weight, down_weight, act):
     if not served or tuple(g.shape) != tuple(u.shape):
         if act == "silu":
             a = F.silu(g)
-        elif act == "gelu_tanh":
+        elif act in ("gelu_tanh", "gelu_new"):
             a = F.gelu(g, approximate="tanh")
+        elif act == "relu":
+            a = F.relu(g)
         else:
             a = F.gelu(g)
         return F.linear(a * u, down_weight)
