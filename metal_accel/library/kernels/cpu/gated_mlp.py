@@ -10,6 +10,8 @@ ma_vecmath's erf on a Xeon (float32 even, bfloat16 0.5x). Served: act silu or ge
 bfloat16 with weights of x's dtype; anything else runs the reference in torch.
 """
 
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cstdint>
 #include <cstring>

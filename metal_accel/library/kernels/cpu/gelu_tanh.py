@@ -12,6 +12,8 @@ accepts the more accurate result against float64. Served: float32, bfloat16; oth
 formula in torch.
 """
 
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cstdint>
 #include <cstring>

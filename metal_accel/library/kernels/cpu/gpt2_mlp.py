@@ -9,6 +9,8 @@ its order, each rounded to float; bfloat16 rounds each intermediate to bfloat16 
 x's dtype); anything else runs the reference in torch.
 """
 
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cstdint>
 #include <cstring>

@@ -10,6 +10,8 @@ kernel. Served: float32, bfloat16 (operands of x's dtype) with
 approximate="tanh"; anything else runs the reference in torch.
 """
 
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cstdint>
 #include <cstring>

@@ -6,6 +6,8 @@ or "gelu_new", the same math written out) runs in place over the first GEMM's ou
 ops (its erf GELU was as fast as a fused pass on a Xeon). Served: float32, bfloat16 (operands of x's dtype) with
 a tanh GELU; anything else runs the reference in torch.
 """
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cstdint>
 #include <cstring>

@@ -9,6 +9,8 @@ bfloat16 weight of the row's size (result dtype as eager's promotion); anything 
 reference in torch.
 """
 
+DTYPES = ("float32", "bfloat16")  # float16 runs the reference in torch: no CPU kernel for it
+
 SOURCE = r"""
 #include <cmath>
 #include <cstdint>
