@@ -168,7 +168,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         try:
             e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
                                    budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload,
-                                   whole_with_kernels=with_kernels)
+                                   whole_with_kernels=with_kernels, fresh_whole=lambda: whole_model_op(model))
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:

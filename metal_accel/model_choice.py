@@ -139,7 +139,7 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
 def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
                      sync: Callable[[], None], budget_s: float, whole: Any = None,
                      workload: Callable[[nn.Module], Any] | None = None,
-                     whole_with_kernels: Any = None) -> EndToEnd | None:
+                     whole_with_kernels: Any = None, fresh_whole: Callable[[], Any] | None = None) -> EndToEnd | None:
     """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
     WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
     installed for the example's call signature when it beats both eager and the per-module choices.
@@ -157,10 +157,13 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
         # the workload's calls are mostly others than the example's (decode steps): its own stage judges the
         # per-module choices on it; a whole-model compile installed for the example's signature stays
         per_module = _groups(model, report)
-        everywhere, why_not = whole, ""
-        if whole is not None:  # the model compiled whole for every call, decode steps included: proven on it first
-            why_not = check_on_workload(model, whole, workload)
-            everywhere = None if why_not else whole
+        # the model compiled whole for every call, decode steps included, proven on the workload first. Its own
+        # compiled code: the decode steps' shapes make dynamo recompile it shape-generic, which must not
+        # replace the static graph the example's signature runs (FRESH_WHOLE makes one; WHOLE itself otherwise)
+        everywhere, why_not = (fresh_whole() if fresh_whole is not None else whole) if whole is not None else None, ""
+        if everywhere is not None:
+            why_not = check_on_workload(model, everywhere, workload)
+            everywhere = None if why_not else everywhere
         if not per_module and everywhere is None:
             if why_not:
                 result.workload = {"decision": f"{WHOLE} not used for the workload: {why_not}"}
@@ -309,12 +312,11 @@ def apply_verdict(model: nn.Module, args: tuple, kwargs: dict[str, Any], report:
     result = EndToEnd(**{"eager_us": 0.0, "optimized_us": 0.0, "speedup": 1.0, "self_noise": 0.0, "rounds": 0,
                          "calls_per_block": 0, **fields})
     result.cached, result.outcome = True, outcome
-    op = whole() if outcome == "whole" or (result.workload or {}).get("outcome") == EVERYWHERE else None
     if outcome == "whole":
-        install(model, call_signature(args, kwargs), op)
+        install(model, call_signature(args, kwargs), whole())
         _mark_whole(model, report, result.whole_speedup or result.final_speedup or 1.0)
     if (result.workload or {}).get("outcome") == EVERYWHERE:
-        set_everywhere(model, op)
+        set_everywhere(model, whole())  # its own compiled code (see prove_end_to_end)
         _mark_whole(model, report, result.workload.get("final_speedup") or 1.0)
     for name, modules in _groups(model, report).items():
         if outcome == "eager" or name in dropped:

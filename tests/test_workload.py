@@ -167,3 +167,18 @@ def test_a_whole_model_that_is_wrong_on_the_workload_is_not_used_there():
     assert result is not None and "incorrect on the workload" in result.workload["decision"], result
     disp = dispatcher_of(model)
     assert disp is None or disp.fallback is None
+
+
+def test_under_a_whole_model_fallback_a_signature_keeps_its_own_op():
+    """The example's signature keeps its own (static) whole-model op; every other call goes to the fallback,
+    whose compiled code decode steps made shape-generic."""
+    from metal_accel.whole_model import set_everywhere
+    model, twin = _slow_decoder()
+    own, every = Whole(twin), Whole(twin)
+    x = torch.randn(2, 6, 8)
+    install(model, call_signature((x,), {}), own)
+    set_everywhere(model, every)
+    with torch.inference_mode():
+        model(x)
+        decode(model)
+    assert own.calls == 1 and every.calls == 6

@@ -121,7 +121,8 @@ class Dispatcher:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fallback is not None and not (bypass and self.honor_bypass) and _tracing_state() is None \
-                and not _is_compiling() and not self.in_training():
+                and not _is_compiling() and not self.in_training() \
+                and (not self.table or self.kernel_for(args, kwargs) is None):  # a signature's own op comes first
             self.hits += 1
             return self.fallback(args, kwargs, [])
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) \
