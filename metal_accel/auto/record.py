@@ -86,6 +86,8 @@ class Recorder:
         elapsed = time.perf_counter() - self._stack.pop() if self._stack else 0.0
         if _has_kernel(module, args, kwargs):
             return
+        if self._fingerprint(module) is None:  # a module that cannot be synthesized: nothing more per call
+            return
         try:  # the spec is worked out once per (module, call signature): every other call only counts
             sig = (id(module), call_signature(args, kwargs))
         except TypeError:
