@@ -140,7 +140,7 @@ def test_synth_resumes_where_an_interrupted_run_stopped(llm, tmp_path, capsys, m
         (tmp_path / f"{i}_poly.py").write_text(PROBLEM.replace("16", str(i + 3)))
     server = llm({"gpt-4o": ["no code here"]})
     args = ["synth", str(tmp_path), "--models", "openai:gpt-4o", "--samples", "1", "--rounds", "0",
-            "--no-profile", "--backend", "cpu"]
+            "--no-profile", "--backend", "cpu", "--problems", "1"]  # one at a time: Ctrl-C on the second
     real = cli_synth.optimize
     done: list[str] = []
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import queue
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..api import explain, optimize, restore
 from ..auto.record import recorded_calls, synthesize_recorded
 from ..backends import available_backends, get_backend
 from ..core.errors import MetalAccelError
+from ..core.scrub import scrub
 from ..kernelbench.problems import load_problems
 from ..synth.budget import Limits
+from ..synth.lanes import lane_for
 from ..synth.loop import SynthesisLoop
 from ..synth.memo import RunJournal
 from ..synth.settings import SynthSettings
@@ -40,7 +44,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many problems")
     p.add_argument("--samples", type=int, default=None, help="conversations per model and module")
     p.add_argument("--rounds", type=int, default=None, help="repair rounds per conversation")
-    p.add_argument("--concurrency", type=int, default=None, help="LLM requests in flight")
+    p.add_argument("--concurrency", type=int, default=None, help="LLM requests in flight (over all problems)")
+    p.add_argument("--problems", type=int, default=None,
+                   help="problems in flight at once (default 2, METAL_ACCEL_PROBLEMS): their LLM requests overlap, "
+                   "their device work (proofs, timing) takes turns")
     p.add_argument("--max-cost", type=float, default=None, help="USD cap for the whole run")
     p.add_argument("--max-tokens", type=int, default=None, help="token cap for the whole run")
     p.add_argument("--max-wall", type=float, default=None, help="seconds cap for the whole run")
@@ -56,7 +63,8 @@ def _settings(args: argparse.Namespace) -> Any:
 
     s = SynthSettings.from_env()
     changes: dict[str, Any] = {}
-    for arg, field in (("samples", "samples"), ("rounds", "repair_rounds"), ("concurrency", "concurrency")):
+    for arg, field in (("samples", "samples"), ("rounds", "repair_rounds"), ("concurrency", "concurrency"),
+                        ("problems", "problems")):
         if getattr(args, arg) is not None:
             changes[field] = getattr(args, arg)
     if args.max_cost is not None or args.max_tokens is not None or args.max_wall is not None:
@@ -95,33 +103,40 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if not problems:
         print(f"metal-accel synth: no problems in {args.path}", file=sys.stderr)
         return 1
-    kernels = 0
     out = sys.stderr if args.json else sys.stdout
     journal = RunJournal(_identity(args, loop, backend.name))
     if args.restart:
         journal.reset()
     finished = journal.finished()
-    try:
-        for pr in problems:
-            if loop.interrupted:
-                break
-            if pr.name in finished:
-                kernels += int(finished[pr.name].get("kernels", 0))
-                print(f"# {pr.name}: finished by an earlier run of this command (--restart redoes it)", file=out)
-                continue
+    kernels = 0
+    todo = []
+    for pr in problems:
+        if pr.name in finished:
+            kernels += int(finished[pr.name].get("kernels", 0))
+            print(f"# {pr.name}: finished by an earlier run of this command (--restart redoes it)", file=out)
+        else:
+            todo.append(pr)
+    lane = lane_for(backend.name)
+    printing = threading.Lock()
+
+    def solve(pr: Any) -> None:
+        """One problem on this worker thread: its device work under the device's lane, which synthesis
+        lends to the other problems while it waits for answers."""
+        nonlocal kernels
+        with lane.hold():
             try:
                 model, inputs = pr.instantiate(backend.device_type)
             except MetalAccelError as exc:
                 print(f"# {pr.name}: {exc}", file=sys.stderr)
-                continue
-            done = len(loop.records)
-            try:
-                optimize(model, inputs, backend=backend.name, providers=[loop])
-                report = explain(model)
-            finally:
-                restore(model)
+                return
+            with loop.collect() as records:
+                try:
+                    optimize(model, inputs, backend=backend.name, providers=[loop])
+                    report = explain(model)
+                finally:
+                    restore(model)
+        with printing:
             kernels += len(report.kernels)
-            records = loop.records[done:]
             if args.json:
                 print(json.dumps({"problem": pr.name, "level": pr.level, "problem_id": pr.problem_id,
                                   "report": report.to_dict(), "synthesis": [r.to_dict() for r in records]}))
@@ -133,10 +148,52 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 print()
             if _finished(loop, records):  # else a rerun of this command picks it up again
                 journal.add(pr.name, kernels=len(report.kernels))
-    except KeyboardInterrupt:
-        loop.interrupted = True
+
+    run_concurrently(todo, solve, loop.settings.problems, loop)
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {loop.run_meter.summary()}", file=out)
     return _exit_code(loop)
+
+
+def run_concurrently(items: list[Any], work: Callable[[Any], None], workers: int, loop: SynthesisLoop) -> None:
+    """`work(item)` for every item in order, on up to `workers` threads at once, until the loop is
+    interrupted. Ctrl-C (here, or raised in a worker) interrupts the loop: the problems in flight stop
+    asking, keep what was proven and finish; a second Ctrl-C returns at once."""
+    pending: "queue.Queue[Any]" = queue.Queue()
+    for item in items:
+        pending.put(item)
+
+    def worker() -> None:
+        while not loop.interrupted:
+            try:
+                item = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                work(item)
+            except KeyboardInterrupt:
+                loop.interrupt()
+            except Exception as exc:  # one problem's failure is reported; the others go on
+                log.error("metal_accel: synth: %s failed: %s", getattr(item, "name", item), scrub(exc))
+                print(f"# {getattr(item, 'name', item)}: failed: {scrub(exc)}", file=sys.stderr)
+
+    threads = [threading.Thread(target=worker, name=f"metal_accel-problem-{i}", daemon=True)
+               for i in range(max(1, min(workers, len(items))))]
+    for t in threads:
+        t.start()
+    try:
+        _join(threads)
+    except KeyboardInterrupt:
+        loop.interrupt()
+        try:
+            _join(threads)
+        except KeyboardInterrupt:  # the second Ctrl-C: leave the workers (daemon threads) behind
+            pass
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)  # a timed wait, so that Ctrl-C reaches this (the main) thread
 
 
 def _finished(loop: SynthesisLoop, records: list[Any]) -> bool:
@@ -186,6 +243,6 @@ def _synth_recorded(args: argparse.Namespace, loop: Any) -> int:
             if loop.interrupted:
                 break
     except KeyboardInterrupt:
-        loop.interrupted = True
+        loop.interrupt()
     print(f"metal-accel synth: {loop.run_meter.summary()}")
     return _exit_code(loop)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 
@@ -13,15 +15,16 @@ from ..core.errors import MetalAccelError
 from ..core.keys import entry_key
 from ..core.provider import Evaluate, Evaluation, SynthesisRequest
 from ..core.specs import TensorSpec
-from .bridge import run_with_evaluator
+from .bridge import EventLoopThread, Interrupts, run_with_evaluator
 from .budget import Budget, Meter, UnknownPriceError, price_of
 from .clients import check_configured, make_client
 from .context import find_references, profile_breakdown
+from .lanes import lane_for
 from .facts import device_facts, eager_time_us, op_multiset, proof_facts, signature
 from .memo import AnswerCache
 from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
 from .prompts import Prompt, build_prompt
-from .session import ClientFactory, ModuleSession
+from .session import ClientFactory, ModuleSession, RequestGate
 from .settings import SynthSettings
 from .stats import ModuleRecord
 
@@ -47,6 +50,10 @@ class SynthesisLoop:
     `records` keeps one ModuleRecord per synthesized module (attempts, time split, concurrency).
     Ctrl-C during a module's synthesis returns what was evaluated so far (the pipeline installs and
     caches the best) and sets `interrupted`: later modules are not synthesized.
+
+    Several threads may synthesize at once (`metal-accel synth` runs problems concurrently): their
+    requests share one event loop and the `concurrency` bound, their evaluations take turns on the
+    device's lane (lanes.py), and `interrupt()` stops them all as Ctrl-C would.
     """
 
     def __init__(self, models: Sequence[str | ModelSpec] | str | None = None, settings: SynthSettings | None = None,
@@ -68,6 +75,28 @@ class SynthesisLoop:
         self.records: list[ModuleRecord] = []
         self.interrupted = False  # Ctrl-C during synthesis: what was evaluated is kept, nothing more is asked
         self._done: dict[str, str] = {}  # entry key -> summary of its synthesis in this loop's lifetime
+        self._lock = threading.Lock()
+        self._local = threading.local()  # this thread's record sink (`collect`)
+        self._loop_thread = EventLoopThread()
+        self._gate = RequestGate(self.settings.concurrency)
+        self._interrupts = Interrupts()
+
+    def interrupt(self) -> None:
+        """Stop synthesis from any thread, as Ctrl-C on each synthesizing thread would: what was evaluated
+        is kept, nothing more is asked in this loop's lifetime."""
+        self.interrupted = True
+        self._interrupts.fire()
+
+    @contextmanager
+    def collect(self) -> Iterator[list[ModuleRecord]]:
+        """The records of the modules this thread synthesizes during the block (also kept in `records`)."""
+        sink: list[ModuleRecord] = []
+        outer = getattr(self._local, "sink", None)
+        self._local.sink = sink
+        try:
+            yield sink
+        finally:
+            self._local.sink = outer
 
     @property
     def configuration_error(self) -> str:
@@ -91,8 +120,10 @@ class SynthesisLoop:
         if why:
             raise SynthesisError(f"not synthesized: {why}")
         key = entry_key(request.fingerprint, request.input_spec, request.backend)
-        if key in self._done:  # e.g. the same layer repeated in a model: its verdicts are cached already
-            raise SynthesisError(f"synthesized earlier in this run: {self._done[key]}")
+        with self._lock:
+            if key in self._done:  # e.g. the same layer repeated in a model: its verdicts are cached already
+                raise SynthesisError(f"synthesized earlier in this run: {self._done[key]}")
+            self._done[key] = "being synthesized by another problem"
         models = [m for m in self.models if m not in self.dead]
         record = ModuleRecord(request.module_class, request.backend, [m.label for m in models])
         start = time.monotonic()
@@ -100,25 +131,28 @@ class SynthesisLoop:
         prompt = self._stored_prompt(request, answers)
         record.prompt_s = time.monotonic() - start
         session = ModuleSession(request, prompt, models, s, Budget(Meter("module", s.module_limits), self.run_meter),
-                                record, self.client_factory, self.dead, answers)
+                                record, self.client_factory, self.dead, answers, gate=self._gate)
+        lane = lane_for(request.backend)
 
         done: list[Evaluation] = []
 
         def timed(cand: Candidate) -> Evaluation:
-            t0 = time.monotonic()
-            session.inflight.set_evaluating(True)
-            try:
-                ev = evaluate(cand)
-            finally:
-                session.inflight.set_evaluating(False)
-            record.add_evaluation(ev, time.monotonic() - t0)
+            with lane.hold():  # one evaluation at a time on the device, whichever problem it is of
+                t0 = time.monotonic()
+                session.inflight.set_evaluating(True)
+                try:
+                    ev = evaluate(cand)
+                finally:
+                    session.inflight.set_evaluating(False)
+                record.add_evaluation(ev, time.monotonic() - t0)
             done.append(ev)
             return ev
 
         try:
-            run_with_evaluator(session.run, timed)
+            with lane.lent():  # while answers are awaited, other problems may use the device
+                run_with_evaluator(session.run, timed, loop_thread=self._loop_thread, interrupts=self._interrupts)
         except KeyboardInterrupt:  # keep what was proven; no more synthesis in this loop's lifetime
-            self.interrupted = True
+            self.interrupt()  # the modules other threads synthesize stop too
             record.stop_reason = record.stop_reason or "interrupted (Ctrl-C)"
             log.warning("metal_accel: synthesis interrupted: %d evaluated candidate(s) of %s kept; no more "
                         "synthesis in this run (Ctrl-C again stops it)", len(done), request.class_name)
@@ -133,8 +167,12 @@ class SynthesisLoop:
             for ev in evaluations:
                 provenance = {**session.provenance.get(ev.candidate.digest, {}), "module": totals}
                 ev.verdict.details = {**ev.verdict.details, "provenance": provenance}
-            self.records.append(record)
-            self._done[key] = record.summary()
+            with self._lock:
+                self.records.append(record)
+                self._done[key] = record.summary()
+            sink = getattr(self._local, "sink", None)
+            if sink is not None:
+                sink.append(record)
             log.info("metal_accel: synth %s", record.summary())
         if not evaluations:
             raise SynthesisError(self._nothing_to_evaluate(record))

@@ -34,15 +34,52 @@ _PROBLEM_LABELS = {"empty": "empty answer", "thinking-only": "empty answer", "tr
                    "malformed": "malformed answer"}
 
 
+class RequestGate:
+    """What the modules synthesized at once (on one shared event loop) share: the bound on LLM requests
+    in flight over all of them, a count of those in flight, and a signal when one settles its reservation
+    (a request waiting for budget may then fit). Bound to the running loop on first use in it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._settled: asyncio.Event | None = None
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new loop (the last user of the old one has ended): fresh primitives
+            self._loop, self._sem, self._settled = loop, asyncio.Semaphore(self.limit), asyncio.Event()
+            self.in_flight = 0
+
+    @property
+    def semaphore(self) -> asyncio.Semaphore:
+        self._bind()
+        assert self._sem is not None
+        return self._sem
+
+    async def wait_settled(self) -> None:
+        self._bind()
+        assert self._settled is not None
+        await self._settled.wait()
+
+    def settled(self) -> None:
+        self._bind()
+        assert self._settled is not None
+        self._settled.set()
+        self._settled = asyncio.Event()
+
+
 class ModuleSession:
     """Best-of-N for one module: every model runs `samples` conversations at once (at most
-    `concurrency` requests in flight); each answer is evaluated (serialized, through `submit`) and
+    `concurrency` requests in flight, over every module that shares `gate`); each answer is evaluated (serialized, through `submit`) and
     its verdict fed back, up to `repair_rounds` times. A conversation ends when its candidate is
     accepted, its rounds are used up, a request fails for good, or a budget is reached."""
 
     def __init__(self, request: SynthesisRequest, prompt: Prompt, models: list[ModelSpec], settings: SynthSettings,
                  budget: Budget, record: ModuleRecord, client_factory: ClientFactory,
-                 dead_models: dict[ModelSpec, str], answers: AnswerCache | None = None) -> None:
+                 dead_models: dict[ModelSpec, str], answers: AnswerCache | None = None,
+                 gate: RequestGate | None = None) -> None:
         self.request = request
         self.answers = answers  # answers paid for earlier, by exact request (None: not kept)
         self.prompt = prompt
@@ -57,14 +94,12 @@ class ModuleSession:
         self.inflight = InFlight()
         self._seen: dict[str, asyncio.Future[Evaluation]] = {}
         self._submit: AsyncEvaluate | None = None
-        self._sem: asyncio.Semaphore | None = None
+        self.gate = gate or RequestGate(settings.concurrency)
         self._bar: tqdm | None = None
-        self._settled = asyncio.Event()  # set (and replaced) whenever a request settles its reservation
         self._stored: dict[str, dict] = {}  # request key -> the stored answer's document (replayed answers)
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
-        self._sem = asyncio.Semaphore(max(1, self.settings.concurrency))
         s = self.settings
         clients: dict[ModelSpec, ChatClient] = {}
         for m in self.models:
@@ -76,6 +111,7 @@ class ModuleSession:
         self._bar = tqdm(total=total, desc=f"synth {self.request.class_name}", unit="answer", leave=False,
                          disable=None if s.progress is None else not s.progress)
         beat = asyncio.create_task(self._heartbeat())
+        tasks: list[asyncio.Task] = []
         try:
             tasks = [asyncio.create_task(self._sample(c, m, i)) for m, c in clients.items() for i in range(s.samples)]
             if tasks:
@@ -89,8 +125,13 @@ class ModuleSession:
                     if not t.cancelled() and t.exception() is not None:
                         log.warning("metal_accel: synth %s: a conversation failed: %s", self.request.class_name,
                                     scrub(t.exception()))
-        finally:
+        finally:  # cancelled (Ctrl-C): the shared loop goes on, so this module's conversations end here
             beat.cancel()
+            left = [t for t in tasks if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                await asyncio.gather(*left, return_exceptions=True)
             for c in clients.values():
                 await c.close()
             self._bar.total = self._bar.n
@@ -138,21 +179,19 @@ class ModuleSession:
             res, why, later = self.budget.reserve(t_in + t_out, cost)
             if res is not None:
                 return res
-            if not later or self.inflight.n == 0:
+            if not later or self.gate.in_flight == 0:  # nothing in flight anywhere will free budget
                 self._stop(why)
                 return None
-            await self._settled.wait()
+            await self.gate.wait_settled()
 
     def _settle(self, res: Reservation, t_in: int, t_out: int, cost: float, *, failed: bool = False) -> None:
         self.budget.settle(res, t_in, t_out, cost, failed=failed)
-        self._settled.set()
-        self._settled = asyncio.Event()
+        self.gate.settled()
 
     async def _ask(self, client: ChatClient, model: ModelSpec, attempt: Attempt,
                    messages: list[Message]) -> Completion | None:
         """One request under the concurrency bound, its worst case reserved on the budget first; None
         when the conversation must end. An answer stored for the exact same request is replayed, free."""
-        assert self._sem is not None
         args: dict | None = None
         if self.answers is not None:
             args = _request_args(client, self.prompt.system, messages)
@@ -164,13 +203,14 @@ class ModuleSession:
                 log.info("metal_accel: synth %s: %s: answer replayed from the answer cache (no request sent)",
                          self.request.class_name, attempt.tag)
                 return comp
-        async with self._sem:
+        async with self.gate.semaphore:
             if model in self.dead:
                 return None
             res = await self._reserve(model, messages)
             if res is None:
                 return None
             self.inflight.enter()
+            self.gate.in_flight += 1
             log.info("metal_accel: synth %s: %s: request sent (%d messages, up to %d output tokens, $%.4f reserved)",
                      self.request.class_name, attempt.tag, len(messages),
                      self.settings.output_budget(model.kind, model.model), res.cost_usd)
@@ -190,6 +230,7 @@ class ModuleSession:
                 raise
             finally:
                 self.inflight.exit()
+                self.gate.in_flight -= 1
         attempt.tokens_in, attempt.tokens_out = comp.tokens_in, comp.tokens_out
         attempt.cost_usd = cost_of(model.model, comp.tokens_in, comp.tokens_out, self.settings.prices,
                                    base_url=model.base_url)
@@ -272,10 +313,15 @@ class ModuleSession:
                 attempt.outcome = f"evaluation failed: {redact(scrub(exc))}"
                 self._note(attempt)
                 return
-            self._update_best(ev)
-            attempt.outcome = ("duplicate: " if duplicate else "") + \
-                ("accepted: " if ev.verdict.accepted else "rejected: ") + ev.verdict.reason.split("\n", 1)[0][:200]
-            self._note(attempt)
+            except asyncio.CancelledError:  # stopped (Ctrl-C): the answer was paid for, and may be proven already
+                fut = self._seen.get(cand.digest)
+                if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                    self._judged(attempt, fut.result(), False)
+                else:
+                    attempt.outcome = "evaluation cancelled: " + (self.record.stop_reason or "stopped")
+                    self._note(attempt)
+                raise
+            self._judged(attempt, ev, duplicate)
             if ev.verdict.accepted:
                 if not speed:  # the first correct kernel: speed rounds may follow, up to `speed_rounds` answers
                     speed, limit = True, rnd + 1 + max(0, self.settings.speed_rounds)
@@ -286,6 +332,12 @@ class ModuleSession:
                 continue
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
             reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))
+
+    def _judged(self, attempt: Attempt, ev: Evaluation, duplicate: bool) -> None:
+        self._update_best(ev)
+        attempt.outcome = ("duplicate: " if duplicate else "") + \
+            ("accepted: " if ev.verdict.accepted else "rejected: ") + ev.verdict.reason.split("\n", 1)[0][:200]
+        self._note(attempt)
 
     async def _evaluate(self, cand: Candidate, attempt: Attempt) -> tuple[Evaluation, bool]:
         """Evaluate once per distinct candidate; a repeat waits for (or reuses) the first verdict."""

@@ -18,7 +18,7 @@ class SynthSettings:
     """How hard to try, how much to spend, how to talk to the providers.
 
     Environment overrides (read by `from_env`): METAL_ACCEL_SAMPLES, METAL_ACCEL_REPAIR_ROUNDS, METAL_ACCEL_SPEED_ROUNDS,
-    METAL_ACCEL_CONCURRENCY, METAL_ACCEL_MAX_TOKENS, METAL_ACCEL_MAX_COST_USD, METAL_ACCEL_MAX_WALL_S
+    METAL_ACCEL_CONCURRENCY, METAL_ACCEL_PROBLEMS, METAL_ACCEL_MAX_TOKENS, METAL_ACCEL_MAX_COST_USD, METAL_ACCEL_MAX_WALL_S
     (per run), METAL_ACCEL_MODULE_MAX_TOKENS, METAL_ACCEL_MODULE_MAX_COST_USD,
     METAL_ACCEL_MODULE_MAX_WALL_S (per module), METAL_ACCEL_LLM_TIMEOUT_S, METAL_ACCEL_LLM_DEADLINE_S,
     METAL_ACCEL_PRICES ('name=IN/OUT,...', USD per million tokens), METAL_ACCEL_ANSWER_TOKENS,
@@ -37,7 +37,8 @@ class SynthSettings:
     samples: int = 2                    # independent conversations per model
     repair_rounds: int = 5              # answers fed back with the verdict, after the first
     speed_rounds: int = 2               # more answers after a correct kernel while it is not the fastest
-    concurrency: int = 4                # LLM requests in flight at once
+    concurrency: int = 4                # LLM requests in flight at once (over all problems in flight)
+    problems: int = 2                   # `metal-accel synth`: problems in flight at once (device work takes turns)
     max_output_tokens: int = 8192       # per answer, reasoning not included
     reasoning_tokens: int = 16384       # extra output budget of a model that reasons (see above); 0: none
     reasoning_effort: str | None = None  # OpenAI reasoning models: "minimal".."high"; None: the provider's default
@@ -87,6 +88,7 @@ class SynthSettings:
                                 ("METAL_ACCEL_REPAIR_ROUNDS", "repair_rounds", int),
                                 ("METAL_ACCEL_SPEED_ROUNDS", "speed_rounds", int),
                                 ("METAL_ACCEL_CONCURRENCY", "concurrency", int),
+                                ("METAL_ACCEL_PROBLEMS", "problems", int),
                                 ("METAL_ACCEL_LLM_TIMEOUT_S", "request_timeout_s", float),
                                 ("METAL_ACCEL_LLM_DEADLINE_S", "request_deadline_s", float),
                                 ("METAL_ACCEL_ANSWER_TOKENS", "max_output_tokens", int),
