@@ -12,9 +12,9 @@ from ..candidates.compile import candidate_op, prove_candidate
 from ..core.errors import MetalAccelError
 from ..backends.base import Backend
 from ..core import config
-from ..core.candidate import parse_candidate
+from ..core.candidate import Candidate, parse_candidate
 from ..core.keys import class_path, class_source_sha, entry_key, generic_key, module_fingerprint
-from ..core.provider import SynthesisRequest
+from ..core.provider import Evaluation, SynthesisRequest
 from ..core.specs import InputSpec, OutputSpec, UnsupportedCall
 from ..library.provider import LibraryProvider
 from ..runtime.dispatch import eager_forward, eager_only
@@ -77,20 +77,26 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
         return None
     log.warning("metal_accel: proving cached kernel %s for %s %s on this device (once)", key[:12],
                 class_path(type(module)), spec.describe())
-    call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=entry.output_spec,
-                      args=args, kwargs=kwargs, calls=1)
-    guard = StateGuard(module)
-    guard.protect_all()
-    try:
-        ev = prove_candidate(call, key, cand, backend, ProofSettings())
-    finally:
-        for change in guard.restore():
-            log.warning("metal_accel: %s: %s", class_path(type(module)), change)
+    ev = _prove_here(module, args, kwargs, spec, entry.output_spec, key, cand, backend)
     entry.verdicts[env.id] = ev.verdict
     if not ev.verdict.accepted:
         entry.rejected.append({"digest": cand.digest, "origin": cand.origin, "reason": ev.verdict.reason})
     cache_mod.user_cache().put(entry)
     return ev.op if ev.verdict.accepted else None  # type: ignore[return-value]
+
+
+def _prove_here(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpec, output_spec: OutputSpec, key: str,
+                cand: Candidate, backend: Backend) -> Evaluation:
+    """CAND proven (correctness and speed) on this call now, the module's state guarded and put back."""
+    call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=output_spec,
+                      args=args, kwargs=kwargs, calls=1)
+    guard = StateGuard(module)
+    guard.protect_all()
+    try:
+        return prove_candidate(call, key, cand, backend, ProofSettings())
+    finally:
+        for change in guard.restore():
+            log.warning("metal_accel: %s: %s", class_path(type(module)), change)
 
 
 def _library_kernel(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpec, fingerprint: str, key: str,
@@ -107,15 +113,7 @@ def _library_kernel(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpe
         output_spec = OutputSpec.of(eager_forward(module)(*args, **kwargs))
     log.warning("metal_accel: proving the library's %s kernel for %s %s on this device (once)", cand.origin,
                 class_path(type(module)), spec.describe())
-    call = ModuleCall(name=type(module).__name__, module=module, spec=spec, output_spec=output_spec,
-                      args=args, kwargs=kwargs, calls=1)
-    guard = StateGuard(module)
-    guard.protect_all()
-    try:
-        ev = prove_candidate(call, key, cand, backend, ProofSettings())
-    finally:
-        for change in guard.restore():
-            log.warning("metal_accel: %s: %s", class_path(type(module)), change)
+    ev = _prove_here(module, args, kwargs, spec, output_spec, key, cand, backend)
     entry = CacheEntry(key=key, backend=backend.name, module_class=class_path(type(module)),
                        module_fingerprint=fingerprint, input_spec=spec, output_spec=output_spec,
                        candidate=cand if ev.verdict.accepted else None, sandbox={"ok": True} if ev.verdict.accepted else {},
