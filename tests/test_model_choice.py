@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from metal_accel.core.specs import call_signature
-from metal_accel.model_choice import DROPPED, prove_end_to_end, time_contenders
+from metal_accel.model_choice import DROPPED, MIN_NOISE, prove_end_to_end, time_contenders
 from metal_accel.proof.rotation import predecessor_pairs
 from metal_accel.report import COVERED, ModuleReport, OptimizeReport
 from metal_accel.runtime.dispatch import dispatcher_of, install
@@ -126,8 +127,10 @@ def test_only_the_group_that_slows_the_model_goes():
     report = report_for(("costly", "Costly", "kernel"), ("cheap.act", "Cheap", "compile"))
     result = prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
     assert result is not None
-    if result.speedup >= 1.0:  # the fused op's saving outweighed the slow one's loss: nothing to drop
-        assert not result.dropped
+    # the stage acts only on a loss beyond eager-against-itself (at least MIN_NOISE): when the fused op's saving
+    # outweighed the slow one's loss, or a busy machine's noise hid the difference, nothing is dropped
+    if math.log(result.speedup) >= -max(math.log1p(result.self_noise), math.log1p(MIN_NOISE)):
+        assert not result.dropped, result
         return
     assert result.dropped == ["Cheap: compile"], result
     assert dispatcher_of(model.cheap.act) is None and dispatcher_of(model.costly) is not None
