@@ -5,6 +5,7 @@ import ast
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import CacheError, CandidateFormatError
 
@@ -58,18 +59,27 @@ def extract_code(text: str) -> str:
     return text.strip("\n") + "\n"
 
 
-def declared_source(code: str) -> str | None:
-    """The string of the top-level `SOURCE = "..."` of CODE; None when there is none or CODE is not Python."""
+def declared_constant(code: str, name: str) -> Any:
+    """The literal value of CODE's top-level `NAME = ...` (the last such assignment, as Python would leave it);
+    None when there is none, it is no literal, or CODE is not Python."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return None
     found = None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE" for t in node.targets):
-            found = node.value.value if isinstance(node.value, ast.Constant) and \
-                isinstance(node.value.value, str) else None
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            try:
+                found = ast.literal_eval(node.value)
+            except ValueError:
+                found = None
     return found
+
+
+def declared_source(code: str) -> str | None:
+    """The string of the top-level `SOURCE = "..."` of CODE; None when there is none or CODE is not Python."""
+    found = declared_constant(code, "SOURCE")
+    return found if isinstance(found, str) else None
 
 
 def parse_candidate(text: str, backend: str, origin: str = "") -> Candidate:

@@ -8,12 +8,12 @@ and only calls whose input has one of them are proposed.
 """
 from __future__ import annotations
 
-import ast
 import functools
 import logging
 
 import torch
 
+from ..core.candidate import declared_constant
 from ..core.provider import ProposedText, SynthesisRequest
 from ..core.specs import TensorSpec
 from .match import Match, match_call
@@ -37,17 +37,8 @@ def kernel_file(backend: str, family: str) -> tuple[str, tuple[str, ...] | None]
 
 
 def _declared_dtypes(text: str) -> tuple[str, ...] | None:
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DTYPES" for t in node.targets):
-            try:
-                return tuple(str(v) for v in ast.literal_eval(node.value))
-            except ValueError:
-                return None
-    return None
+    dtypes = declared_constant(text, "DTYPES")
+    return tuple(str(d) for d in dtypes) if isinstance(dtypes, (tuple, list)) else None
 
 
 def example_input(spec: TensorSpec, like: torch.nn.Module) -> torch.Tensor:

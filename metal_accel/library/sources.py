@@ -1,14 +1,15 @@
 """Where the kernel library's files are, and the digests of the kernel sources it ships.
 
-A leaf module (no imports from the package): runtime/native_policy.py reads library_sources() to trust
+It imports only core (below every stage): runtime/native_policy.py reads library_sources() to trust
 the library's native kernels as it trusts the shipped cache's, below the stages that match and propose them.
 """
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 from pathlib import Path
+
+from ..core.candidate import declared_source
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
 
@@ -19,16 +20,9 @@ def library_sources() -> frozenset[str]:
     out: set[str] = set()
     for path in KERNELS.glob("*/*.py"):
         try:
-            tree = ast.parse(path.read_text())
-        except (OSError, SyntaxError):
+            source = declared_source(path.read_text())
+        except OSError:
             continue
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SOURCE" for t in node.targets):
-                try:
-                    source = ast.literal_eval(node.value)
-                except ValueError:
-                    continue
-                if isinstance(source, str):
-                    out.add(hashlib.sha256(source.encode()).hexdigest())
+        if source is not None:
+            out.add(hashlib.sha256(source.encode()).hexdigest())
     return frozenset(out)
-

@@ -1,7 +1,6 @@
 """Prove one candidate on this device: static checks, isolated compile and validation, then timing."""
 from __future__ import annotations
 
-import ast
 import logging
 import secrets
 import time
@@ -13,7 +12,7 @@ import torch
 from torch.func import functional_call
 
 from ..backends.base import Backend
-from ..core.candidate import Candidate
+from ..core.candidate import Candidate, declared_constant
 from ..core.errors import MetalAccelError
 from ..core.provider import Evaluation
 from ..core.specs import InputSpec, call_signature
@@ -354,14 +353,9 @@ def backend_timer(backend: Backend) -> Any:
 
 
 def declared_shape_generic(code: str) -> Any:
-    """The candidate's top-level `SHAPE_GENERIC = ...` value: True (any batch size), "rows" (any leading
-    dimensions of its one input: the kernel library's), or None."""
-    value = None
-    for node in ast.parse(code).body:  # the last assignment is the one in force (the library's glue comes last)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SHAPE_GENERIC"
-                                                for t in node.targets):
-            value = node.value.value if isinstance(node.value, ast.Constant) else None
-    return value
+    """The candidate's top-level `SHAPE_GENERIC = ...` value (its last assignment: the library's glue comes last):
+    True (any batch size), "rows" (any leading dimensions of its one input: the kernel library's), or None."""
+    return declared_constant(code, "SHAPE_GENERIC")
 
 
 def declares_shape_generic(code: str) -> bool:
