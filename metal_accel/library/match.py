@@ -21,7 +21,7 @@ from ..core.keys import class_path, module_config
 from ..runtime.dispatch import eager_forward, eager_only
 from .families import FAMILIES, Arg, Family, module_tensors
 from .known import learn
-from .trace import TraceError, canonical_trace, forget_roles, role_map
+from .trace import TraceError, canonical_trace
 
 log = logging.getLogger(__name__)
 
@@ -84,30 +84,26 @@ def _find(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) 
     candidates = [(fam, b) for fam in FAMILIES.values() for b in fam.bindings(module, tensors)]
     if not candidates:
         return None
-    roles = role_map(tensors)
-    try:
-        forward = eager_forward(module)
+    forward = eager_forward(module)
 
-        def own(t: torch.Tensor) -> torch.Tensor:
-            with eager_only():
-                return forward(t)
-        try:
-            mine = canonical_trace(own, [x], roles)
-        except TraceError as exc:
-            log.debug("metal_accel: library: %s not traced: %s", type(module).__name__, exc)
-            return None
-        for fam, binding in candidates:
-            if _reference_text(fam, binding, module, x, tensors, roles) == mine:
-                log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
-                learn(class_path(type(module)), fam.name)
-                return Match(fam.name, binding)
+    def own(t: torch.Tensor) -> torch.Tensor:
+        with eager_only():
+            return forward(t)
+    try:
+        mine = canonical_trace(own, [x], tensors)
+    except TraceError as exc:
+        log.debug("metal_accel: library: %s not traced: %s", type(module).__name__, exc)
         return None
-    finally:
-        forget_roles(roles)
+    for fam, binding in candidates:
+        if _reference_text(fam, binding, module, x, tensors) == mine:
+            log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
+            learn(class_path(type(module)), fam.name)
+            return Match(fam.name, binding)
+    return None
 
 
 def _reference_text(fam: Family, binding: tuple[Arg, ...], module: nn.Module, x: torch.Tensor,
-                    tensors: dict[str, torch.Tensor], roles: dict[int, str]) -> str | None:
+                    tensors: dict[str, torch.Tensor]) -> str | None:
     values: list[Any] = []
     for kind, value in binding:
         if kind == "tensor":
@@ -117,7 +113,7 @@ def _reference_text(fam: Family, binding: tuple[Arg, ...], module: nn.Module, x:
         else:
             values.append(value)
     try:
-        return canonical_trace(lambda t: fam.reference(t, *values), [x], roles)
+        return canonical_trace(lambda t: fam.reference(t, *values), [x], tensors)
     except TraceError:
         return None
 

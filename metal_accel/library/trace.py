@@ -33,16 +33,16 @@ class TraceError(Exception):
 
 
 def canonical_trace(fn: Callable[..., Any], inputs: Sequence[torch.Tensor],
-                    roles: dict[int, str] | None = None) -> str:
-    """FN(*INPUTS) traced and written canonically. ROLES: id(tensor) -> name, for tensors FN closes over
-    (a module's parameters), so they read as their role rather than as anonymous constants."""
+                    named: dict[str, torch.Tensor] | None = None) -> str:
+    """FN(*INPUTS) traced and written canonically. NAMED: name -> tensor, for tensors FN closes over (a module's
+    parameters), so they read as their name rather than as anonymous constants."""
     try:  # fresh tensors of the inputs' layout, outside inference mode and autograd: only their specs matter
         with torch.inference_mode(False), torch.no_grad(), _quiet_fake_tensors():
             fresh = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in inputs]
             gm = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*fresh)
     except Exception as exc:  # any failure means: no canonical form, so no match
         raise TraceError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
-    return _canonical(gm, roles or {})
+    return _canonical(gm, named or {})
 
 
 @contextlib.contextmanager
@@ -58,7 +58,7 @@ def _quiet_fake_tensors() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _canonical(gm: torch.fx.GraphModule, roles: dict[int, str]) -> str:
+def _canonical(gm: torch.fx.GraphModule, named: dict[str, torch.Tensor]) -> str:
     names: dict[torch.fx.Node, str] = {}
     lines: list[str] = []
     n_inputs = 0
@@ -69,9 +69,7 @@ def _canonical(gm: torch.fx.GraphModule, roles: dict[int, str]) -> str:
             lines.append(f"{names[node]}: {_meta(node)}")
         elif node.op == "get_attr":
             value = getattr(gm, node.target)
-            role = roles.get(id(value)) if isinstance(value, torch.Tensor) else None
-            if role is None and isinstance(value, torch.Tensor):
-                role = _matching_role(value, gm, roles)
+            role = _role(value, named) if isinstance(value, torch.Tensor) else None
             names[node] = role or f"const{len(names)}"
             if role is None:  # a constant the code made (a table, a mask): its value decides
                 lines.append(f"{names[node]} = {_tensor_text(value)}")
@@ -99,31 +97,14 @@ def _canonical(gm: torch.fx.GraphModule, roles: dict[int, str]) -> str:
     return _rename_symbols("\n".join(lines))
 
 
-def _matching_role(value: torch.Tensor, gm: torch.fx.GraphModule, roles: dict[int, str]) -> str | None:
-    """make_fx may hold a parameter as another tensor object over the same storage."""
-    for ident, name in roles.items():
-        obj = _by_id.get(ident)
-        if obj is not None and obj.data_ptr() == value.data_ptr() and obj.shape == value.shape \
-                and obj.stride() == value.stride() and obj.dtype == value.dtype:
+def _role(value: torch.Tensor, named: dict[str, torch.Tensor]) -> str | None:
+    """The name of the NAMED tensor VALUE is (make_fx may hold a parameter as another tensor object over the same
+    storage: the same data pointer, shape, strides and dtype)."""
+    for name, t in named.items():
+        if t is value or (t.data_ptr() == value.data_ptr() and t.shape == value.shape
+                          and t.stride() == value.stride() and t.dtype == value.dtype):
             return name
     return None
-
-
-_by_id: dict[int, torch.Tensor] = {}
-
-
-def role_map(named: dict[str, torch.Tensor]) -> dict[int, str]:
-    """ROLES for canonical_trace from role name -> tensor."""
-    out = {}
-    for name, t in named.items():
-        _by_id[id(t)] = t
-        out[id(t)] = name
-    return out
-
-
-def forget_roles(roles: dict[int, str]) -> None:
-    for ident in roles:
-        _by_id.pop(ident, None)
 
 
 def _is_shape_arithmetic(node: torch.fx.Node) -> bool:
