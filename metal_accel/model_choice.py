@@ -272,7 +272,8 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             result.outcome = "whole"
             _mark_whole(model, report, result.whole_speedup)
             return result
-    log.info("metal_accel: end to end on the example inputs: %.2fx eager (self-noise ±%.1f%%)", speedup, noise * 100)
+    log.info("metal_accel: end to end on %s: per-module choices %.2fx eager (self-noise ±%.1f%%)",
+             "the example inputs" if workload is None else "the workload", speedup, noise * 100)
     if not groups or not slower(speedup):
         return result
     for name, modules in sorted(groups.items(), key=lambda kv: len(kv[1])):

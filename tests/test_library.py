@@ -263,7 +263,13 @@ def test_the_model_compiled_whole_carries_installed_kernels_as_custom_ops(fixtur
     assert graphs.count("torch.ops.metal_accel.k_") == 2, graphs
     with torch.inference_mode():
         op, why = prove_whole_model(model, (x,), {}, torch.device("cpu"), with_kernels=True)
-    assert op is not None and op.with_kernels, why
+        assert op is not None and op.with_kernels, why
+        from metal_accel.candidates.compile import compiled_graphs
+        op((x,), {}, [])
+        graphs_after_first = compiled_graphs()
+        for _ in range(10):  # the dispatchers' call counters must not make dynamo recompile each call
+            op((x,), {}, [])
+        assert compiled_graphs() == graphs_after_first
 
 
 def test_the_library_page_lists_the_kernels_that_ship():

@@ -132,13 +132,13 @@ class Dispatcher:
             shapes = self._first_shapes
             if len(args) + len(kwargs) not in self._arities or (
                     shapes is not None and args and type(args[0]) is torch.Tensor and args[0].shape not in shapes):
-                self.misses += 1
+                self._count("misses")
                 return self.original(*args, **kwargs)
         if self.in_training():
             return self.original(*args, **kwargs)
         op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
         if op is None:
-            self.misses += 1
+            self._count("misses")
             return self.original(*args, **kwargs)
         state = self.layout.gather()
         if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
@@ -160,8 +160,14 @@ class Dispatcher:
             self.failures[op.name] = f"{type(exc).__name__}: {exc}"
             log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
             return self.original(*args, **kwargs)
-        self.hits += 1
+        self._count("hits")
         return out
+
+    def _count(self, counter: str) -> None:
+        # not while dynamo traces the model around this dispatcher: it reads an int attribute of a module's
+        # forward as a constant, so a counter bumped in the graph would recompile the graph on every call
+        if not _is_compiling():
+            setattr(self, counter, getattr(self, counter) + 1)
 
 
 @functools.lru_cache(maxsize=None)
