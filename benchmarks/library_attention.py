@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -59,18 +58,6 @@ def timer(device: str) -> Callable[[Callable[[], Any]], float]:
     return cuda_time if device == "cuda" else cpu_time
 
 
-def kernel_forward(backend: Any) -> Callable[..., Any]:
-    """The shipped kernel file's host forward with the glue the library generates (no mask), compiled here."""
-    from metal_accel.library.attention import FAMILY, glue
-    from metal_accel.library.provider import kernel_file
-    from metal_accel.proof.prove import kernels_only
-    from metal_accel.runtime.native_policy import runtime_library
-    from metal_accel.sandbox.host import load_forward
-    text, _ = kernel_file(backend.name, FAMILY)
-    source = re.search(r'SOURCE = r"""(.*?)"""', text, re.S).group(1)
-    return load_forward(text + glue(False), kernels_only(runtime_library(backend, source)))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -84,7 +71,7 @@ def main() -> None:
     import torch
 
     from metal_accel.backends import backend_for_device
-    from metal_accel.library.attention import SdpaAttention, prove_call, sdpa_reference
+    from metal_accel.library.attention import SdpaAttention, direct_forward, prove_call, sdpa_reference
     from metal_accel.runtime.ops import ModuleLayout
 
     torch.manual_seed(0)
@@ -111,7 +98,7 @@ def main() -> None:
                    "decide_s": round(time.perf_counter() - t0, 1)}
         print(f"{short}: pipeline at batch 1, kv 512: {rep.status}: {rep.reason} {rep.rejected or ''}")
         results.append(verdict)
-        fwd = fwd or kernel_forward(backend)  # after the first proof: its worker builds the library first
+        fwd = fwd or direct_forward(backend)  # after the first proof: its worker builds the library first
         for batch in map(int, args.batches.split(",")):
             for kv in map(int, args.kv.split(",")):
                 q = torch.randn(batch, HQ, 1, D, dtype=dtype, device=device)

@@ -204,3 +204,20 @@ def prove_call(wrapper: SdpaAttention, query: torch.Tensor, key: torch.Tensor, v
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
         return op((q, k, v) if m is None else (q, k, v, m), {}, [])
     return run, rep
+
+
+def direct_forward(backend: Backend, masked: bool = False) -> Callable[..., torch.Tensor]:
+    """The shipped kernel file's host forward for BACKEND with the generated glue, compiled here and NOT proven:
+    forward(view, query, key, value[, mask]) with `view` a ModuleLayout view of an SdpaAttention. For benchmarks
+    and tests; calls of models go through prove_call."""
+    from ..core.candidate import declared_source
+    from ..proof.prove import kernels_only
+    from ..runtime.native_policy import runtime_library
+    from ..sandbox.host import load_forward
+    kernel = kernel_file(backend.name, FAMILY)
+    if kernel is None:
+        raise LookupError(f"no {backend.name} kernel for {FAMILY}")
+    source = declared_source(kernel[0])
+    assert source is not None
+    return load_forward(kernel[0] + glue(masked), kernels_only(runtime_library(backend, source)))
+

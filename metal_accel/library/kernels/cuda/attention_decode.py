@@ -221,16 +221,16 @@ def attention_decode(query, key, value, attention_mask, scaling, groups):
               and value.dtype == query.dtype and key.dim() == 4 and tuple(key.shape) == (B, Hkv, L, D)
               and tuple(value.shape) == (B, Hkv, L, D) and Hkv * groups == Hq and groups <= 16 and L > 0
               and D % 8 == 0 and 0 < D <= 256
-              and all(t.storage_offset() % 8 == 0 for t in (query, key, value))
               and (m is None or (m.dim() == 4 and m.shape[0] in (1, B) and m.shape[1] in (1, Hq)
                                  and m.shape[2] == 1 and m.shape[3] == L
                                  and (m.dtype == torch.bool or m.dtype == query.dtype))))
-    if not served:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=m, scale=scaling, enable_gqa=groups > 1)
-        return out.transpose(1, 2).contiguous()
     q = query.contiguous()
     k = key.contiguous()
     v = value.contiguous()
+    aligned = q.storage_offset() % 8 == 0 and k.storage_offset() % 8 == 0 and v.storage_offset() % 8 == 0
+    if not served or not aligned:  # 16-byte row loads need rows that start 16-byte aligned
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=m, scale=scaling, enable_gqa=groups > 1)
+        return out.transpose(1, 2).contiguous()
     per = max(1, TARGET_BLOCKS // (B * Hkv))
     chunk = max(TILE, (L + per - 1) // per)
     chunk = (chunk + TILE - 1) // TILE * TILE
