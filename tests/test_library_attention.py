@@ -210,6 +210,7 @@ def test_optimize_attaches_and_restore_detaches(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.slow
 def test_metal_kernel_proven_on_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("METAL_ACCEL_BUILD_DIR", str(tmp_path / "build"))
     backend = get_backend("mps-emu")
     torch.manual_seed(0)
     for dtype, hq, hkv, with_mask in ((FP32, 4, 2, False), (BF16, 4, 1, True), (FP16, 2, 2, True)):
