@@ -24,6 +24,7 @@ from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
+from .library import hf_attention
 from .model_choice import WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
@@ -135,6 +136,9 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
                  rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
                  time.perf_counter() - t0)
+    attention = _attach_attention(model, be, strict)
+    if attention:
+        report.notes.append(attention)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
         return report
     kwargs = dict(example_kwargs or {})
@@ -181,6 +185,17 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     return report
 
 
+def _attach_attention(model: nn.Module, be: Backend, strict: bool) -> str:
+    """An HF model's sdpa attention through the library's proven kernels (library/hf_attention.py); the
+    report's line about it, '' for other models."""
+    try:
+        return hf_attention.attach(model, be)
+    except Exception as exc:  # the model keeps its own attention
+        if strict:
+            raise
+        return redact(f"attention: sdpa kept after an internal error: {type(exc).__name__}: {exc}")
+
+
 def _composes(model: nn.Module, report: OptimizeReport) -> bool:
     """Some choice runs below the model's own call: the gate timed each alone, so the whole is worth timing.
     A model whose one choice is its own call was timed whole by its gate already."""
@@ -224,6 +239,7 @@ def restore(model: nn.Module) -> nn.Module:
     """Put every module's own forward back; the model behaves exactly as before optimize()."""
     for module in model.modules():
         uninstall(module)
+    hf_attention.detach(model)
     model.__dict__.pop(_REPORT_ATTR, None)
     return model
 

@@ -37,6 +37,7 @@ from .store import cache as cache_mod
 from .store.cache import CacheEntry, Verdict
 
 log = logging.getLogger(__name__)
+GENERIC_KINDS = ("rows", "kv")  # SHAPE_GENERIC values whose verdicts are also stored under keys.generic_key
 
 
 @dataclass
@@ -170,8 +171,8 @@ class Pipeline:
             verdict = Verdict(self.env, False, best.verdict.reason, best.candidate.digest,
                               best.verdict.speedup, best.verdict.eager_us, best.verdict.kernel_us)
         new.verdicts[self.env.id] = verdict
-        generic = generic_key(fingerprint, call.spec, self.backend.name) if winners and \
-            declared_shape_generic(winners[0].candidate.code) == "rows" else None
+        kind = declared_shape_generic(winners[0].candidate.code) if winners else None
+        generic = generic_key(fingerprint, call.spec, self.backend.name, kind) if kind in GENERIC_KINDS else None
         if generic:  # every other shape of this input finds it there (proven on several: the proof's sweep)
             user.put(dataclasses.replace(new, key=generic, verdicts={self.env.id: dataclasses.replace(verdict)}))
         user.put(new)  # may re-key the verdicts (sealed): read VERDICT, not new.verdicts, from here on
@@ -184,11 +185,16 @@ class Pipeline:
 
     def _generic_hit(self, call: ModuleCall, key: str, fingerprint: str, rep: ModuleReport) -> bool:
         """Install a kernel proven here for another shape of this call's one input, when it was proven for any
-        leading dimensions (SHAPE_GENERIC = "rows"; keys.generic_key): a decode step's shape, a new batch."""
+        leading dimensions (SHAPE_GENERIC = "rows"; keys.generic_key): a decode step's shape, a new batch; or for any
+        batch and kv length of an attention call (SHAPE_GENERIC = "kv")."""
         assert call.spec is not None
-        generic = generic_key(fingerprint, call.spec, self.backend.name)
-        entry = cache_mod.lookup(self.backend.name, generic) if generic else None
-        if entry is None or entry.candidate is None or declared_shape_generic(entry.candidate.code) != "rows":
+        for kind in GENERIC_KINDS:
+            generic = generic_key(fingerprint, call.spec, self.backend.name, kind)
+            entry = cache_mod.lookup(self.backend.name, generic) if generic else None
+            if entry is not None and entry.candidate is not None \
+                    and declared_shape_generic(entry.candidate.code) == kind:
+                break
+        else:
             return False
         verdict = entry.verdict_for(self.env)
         if verdict is None or not verdict.accepted or verdict.candidate_digest != entry.candidate.digest:

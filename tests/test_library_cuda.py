@@ -57,7 +57,8 @@ def candidate(family: str, text: str | None = None) -> Any:
 # ---------------------------------------------------------------- the files (no GPU)
 
 def test_every_family_has_a_cuda_kernel_file() -> None:
-    assert sorted(p.stem for p in KERNELS.glob("*.py")) == FAMILY_NAMES
+    # attention_decode is served below HF's attention modules (library/attention.py), not matched by tracing
+    assert sorted(p.stem for p in KERNELS.glob("*.py") if p.stem != "attention_decode") == FAMILY_NAMES
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

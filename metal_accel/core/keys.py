@@ -94,13 +94,38 @@ def entry_key(fingerprint: str, spec: InputSpec, backend: str) -> str:
 
 
 
-def generic_key(fingerprint: str, spec: InputSpec, backend: str) -> str | None:
+def generic_key(fingerprint: str, spec: InputSpec, backend: str, kind: str = "rows") -> str | None:
     """The key under which a kernel proven for any leading dimensions of its one input (SHAPE_GENERIC =
     "rows": the kernel library's) is also stored: the spec without those dimensions (dtype, rank, last
-    dimension, device). None for calls of other forms."""
+    dimension, device). KIND "kv" (attention over a KV cache): the spec with the batch and the kv length left
+    out (kv_generic_spec). None for calls of other forms."""
+    if kind == "kv":
+        generic = kv_generic_spec(spec)
+        return hashlib.sha256(f"{fingerprint}\0{generic}\0{backend}".encode()).hexdigest()[:32] if generic else None
     tensors = spec.tensor_specs()
     if spec.kwargs or len(spec.args) != 1 or len(tensors) != 1 or not tensors[0].shape:
         return None
     t = tensors[0]
     rows = f"rows:{t.dtype}:{len(t.shape)}:{t.shape[-1]}:{t.device}"
     return hashlib.sha256(f"{fingerprint}\0{rows}\0{backend}".encode()).hexdigest()[:32]
+
+
+def kv_generic_spec(spec: InputSpec) -> str | None:
+    """An attention call's spec (query [B, Hq, q, D], key and value [B, Hkv, L, D], optionally a mask
+    [B or 1, Hq or 1, q, L]) as text with the batch B and the kv length L written as letters: one text for
+    every batch size and cache length. None for calls of other forms."""
+    tensors = spec.tensor_specs()
+    if spec.kwargs or len(spec.args) != len(tensors) or len(tensors) not in (3, 4) \
+            or any(len(t.shape) != 4 for t in tensors):
+        return None
+    batch, length = tensors[0].shape[0], tensors[1].shape[2]
+    parts = []
+    for i, t in enumerate(tensors):
+        dims: list[object] = list(t.shape)
+        dims[0] = "B" if dims[0] == batch else dims[0]
+        if i in (1, 2):
+            dims[2] = "L"
+        elif i == 3:
+            dims[3] = "L" if dims[3] == length else dims[3]
+        parts.append(f"{t.dtype}{dims}{'c' if t.contiguous else 's'}@{t.device}")
+    return "kv:" + ";".join(parts)

@@ -27,7 +27,7 @@ from ..sandbox.kernel_source import check_kernel_source
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
 from .soak import soak
 from .speed import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
-from .testdata import make_inputs, rows_sweep_specs, sweep_specs
+from .testdata import kv_sweep_specs, make_inputs, rows_sweep_specs, sweep_specs
 from .validate import (
     Judge,
     RunTrials,
@@ -284,10 +284,10 @@ def sweep_limit(spec: InputSpec) -> int:
 
 def shape_sweep(spec: InputSpec, kind: Any = True) -> tuple[list[InputSpec], list[InputSpec]]:
     """The variants of SPEC a shape-generic candidate is also proven on (other batch sizes; for KIND "rows",
-    other leading dimensions: testdata.rows_sweep_specs), and those left out because their inputs exceed
+    other leading dimensions: testdata.rows_sweep_specs; for "kv", other batches and kv lengths), and those left out because their inputs exceed
     sweep_limit: a 1 GB call is not also proven on a 3 GB batch."""
     limit = sweep_limit(spec)
-    variants = rows_sweep_specs(spec) if kind == "rows" else sweep_specs(spec)
+    variants = rows_sweep_specs(spec) if kind == "rows" else kv_sweep_specs(spec) if kind == "kv" else sweep_specs(spec)
     return [v for v in variants if spec_bytes(v) <= limit], [v for v in variants if spec_bytes(v) > limit]
 
 
@@ -354,13 +354,14 @@ def backend_timer(backend: Backend) -> Any:
 
 def declared_shape_generic(code: str) -> Any:
     """The candidate's top-level `SHAPE_GENERIC = ...` value (its last assignment: the library's glue comes last):
-    True (any batch size), "rows" (any leading dimensions of its one input: the kernel library's), or None."""
+    True (any batch size), "rows" (any leading dimensions of its one input: the kernel library's), "kv" (any batch
+    and kv length of an attention call: library/hf_attention.py), or None."""
     return declared_constant(code, "SHAPE_GENERIC")
 
 
 def declares_shape_generic(code: str) -> bool:
-    """True when the candidate's block declares SHAPE_GENERIC = True or "rows"."""
-    return declared_shape_generic(code) in (True, "rows")
+    """True when the candidate's block declares SHAPE_GENERIC = True, "rows" or "kv"."""
+    return declared_shape_generic(code) in (True, "rows", "kv")
 
 
 def _validation_details(result: ValidationResult) -> dict[str, Any]:

@@ -274,6 +274,34 @@ def rows_sweep_specs(spec: InputSpec) -> list[InputSpec]:
     return [variant(shape) for shape in sorted(shapes)]
 
 
+def kv_sweep_specs(spec: InputSpec) -> list[InputSpec]:
+    """Variants of an attention call's SPEC (query [B, Hq, q, D], key/value [B, Hkv, L, D], mask [B or 1, .., L])
+    with the batch and the kv length changed, for kernels proven for any of them (SHAPE_GENERIC = "kv"):
+    one sequence over a single cached position, a short odd cache, and a larger odd batch over a longer one.
+    A mask's batch dimension follows the batch where it equals it; its kv dimension always follows L."""
+    tensors = spec.tensor_specs()
+    if len(tensors) not in (3, 4) or any(len(t.shape) != 4 for t in tensors):
+        return []
+    batch, length = tensors[0].shape[0], tensors[1].shape[2]
+    out = []
+    for new_b, new_l in ((1, 1), (batch, 7), (2 * batch + 1, 33)):
+        if (new_b, new_l) == (batch, length):
+            continue
+        index = iter(range(len(tensors)))
+
+        def resize(s: TensorSpec, new_b: int = new_b, new_l: int = new_l) -> TensorSpec:
+            i = next(index)
+            shape = list(s.shape)
+            shape[0] = new_b if shape[0] == batch else shape[0]
+            if i in (1, 2):
+                shape[2] = new_l
+            elif i == 3 and shape[3] == length:
+                shape[3] = new_l
+            return TensorSpec(tuple(shape), s.dtype, _contiguous(tuple(shape)), s.device, s.value_range)
+        out.append(spec.map_tensors(resize))
+    return out
+
+
 def sweep_specs(spec: InputSpec) -> list[InputSpec]:
     """Variants of `spec` with the leading (batch) dimension changed, for shape-generic kernels.
 
