@@ -81,6 +81,18 @@ def test_kernel_file_format_and_static_checks(family: str) -> None:
     assert _declared_dtypes(text) == ("float32", "float16", "bfloat16")
 
 
+@pytest.mark.parametrize("path", sorted(KERNELS.glob("*.py")), ids=lambda p: p.stem)
+def test_every_launched_kernel_is_declared_where_the_backend_finds_it(path: Path) -> None:
+    """The backend finds kernels by their written `extern "C" __global__` declarations (a macro that expands
+    to them is not seen, and the kernel would never compile on the GPU)."""
+    from metal_accel.core.candidate import declared_constant
+    text = path.read_text()
+    kernels = parse_cuda_kernels(declared_constant(text, "SOURCE"))
+    host = text.split('"""', 4)[-1]  # after the docstring and SOURCE
+    launched = {line.split("lib.", 1)[1].split("(", 1)[0] for line in host.splitlines() if "lib." in line}
+    assert launched and launched <= set(kernels), launched - set(kernels)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -182,16 +182,31 @@ __device__ __forceinline__ void combine_kernel(const float* __restrict__ pacc, c
     out[bh * D + d] = from_f<T>(M == ninf() ? 0.0f : num / den);
 }
 
-#define ATTN(NAME, T) \
-extern "C" __global__ void __launch_bounds__(TILE) attn_split_##NAME(const T* q, const T* k, const T* v, \
-        const unsigned char* mb, const T* mf, float* pacc, float* pml, int Hq, int Hkv, int L, int D, int chunk, \
-        float scale, long long msb, long long msh, int mask_kind) { \
-    split_kernel<T>(q, k, v, mb, mf, pacc, pml, Hq, Hkv, L, D, chunk, scale, msb, msh, mask_kind); } \
-extern "C" __global__ void attn_combine_##NAME(const float* pacc, const float* pml, T* out, int S, int D) { \
-    combine_kernel<T>(pacc, pml, out, S, D); }
-ATTN(f32, float)
-ATTN(f16, __half)
-ATTN(bf16, __nv_bfloat16)
+// one pair of entry points per dtype, written out: the backend finds kernels by their extern "C" declarations
+extern "C" __global__ void __launch_bounds__(TILE) attn_split_f32(const float* q, const float* k, const float* v,
+        const unsigned char* mb, const float* mf, float* pacc, float* pml, int Hq, int Hkv, int L, int D, int chunk,
+        float scale, long long msb, long long msh, int mask_kind) {
+    split_kernel<float>(q, k, v, mb, mf, pacc, pml, Hq, Hkv, L, D, chunk, scale, msb, msh, mask_kind);
+}
+extern "C" __global__ void attn_combine_f32(const float* pacc, const float* pml, float* out, int S, int D) {
+    combine_kernel<float>(pacc, pml, out, S, D);
+}
+extern "C" __global__ void __launch_bounds__(TILE) attn_split_f16(const __half* q, const __half* k, const __half* v,
+        const unsigned char* mb, const __half* mf, float* pacc, float* pml, int Hq, int Hkv, int L, int D, int chunk,
+        float scale, long long msb, long long msh, int mask_kind) {
+    split_kernel<__half>(q, k, v, mb, mf, pacc, pml, Hq, Hkv, L, D, chunk, scale, msb, msh, mask_kind);
+}
+extern "C" __global__ void attn_combine_f16(const float* pacc, const float* pml, __half* out, int S, int D) {
+    combine_kernel<__half>(pacc, pml, out, S, D);
+}
+extern "C" __global__ void __launch_bounds__(TILE) attn_split_bf16(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+        const unsigned char* mb, const __nv_bfloat16* mf, float* pacc, float* pml, int Hq, int Hkv, int L, int D, int chunk,
+        float scale, long long msb, long long msh, int mask_kind) {
+    split_kernel<__nv_bfloat16>(q, k, v, mb, mf, pacc, pml, Hq, Hkv, L, D, chunk, scale, msb, msh, mask_kind);
+}
+extern "C" __global__ void attn_combine_bf16(const float* pacc, const float* pml, __nv_bfloat16* out, int S, int D) {
+    combine_kernel<__nv_bfloat16>(pacc, pml, out, S, D);
+}
 """
 
 TILE = 128          # threads per block, keys per tile (TILE in SOURCE)
