@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -124,22 +125,130 @@ def set_everywhere(model: nn.Module, op: Any) -> None:
 
 
 def check_on_workload(model: nn.Module, op: Any, workload: Callable[[nn.Module], Any]) -> str:
-    """'' when WORKLOAD's result with OP taking every call of MODEL (decode steps included: their shapes change
-    every step, which a per-signature choice cannot follow) is eager's under the proof's rule: for generate(),
-    the same tokens. Else why not."""
+    """'' when WORKLOAD with OP taking every call of MODEL (decode steps included: their shapes change every step,
+    which a per-signature choice cannot follow) gives eager's results under the proof's rule. Else why not.
+
+    Judged call by call on eager's path: each call of MODEL under OP is compared with eager's same call (its
+    output tensors, the KV cache's included), and eager's output tensors are handed on in place of OP's (the
+    objects OP returns, such as its cache, stay OP's). So a greedy decode follows eager's tokens however OP
+    rounds, and every step is checked: comparing only the final tokens would reject any other correct rounding
+    where eager's two best logits are nearly tied (common in bf16, and everywhere with random weights) and
+    would stop checking at the first token that differs. A workload that calls no module hook (model.forward
+    called directly) is judged on its final result alone."""
+    eager_calls: list[list[torch.Tensor]] = []  # per call: the tensors it returns directly (logits), cloned
+    mine: list[list[torch.Tensor]] = []
+    last: dict[str, Any] = {}  # per run: the last call's output, whose cache holds every step's keys and values
+
+    def record(module: nn.Module, args: Any, out: Any) -> None:
+        eager_calls.append([t.clone() for t in _direct_tensors(out)])
+        last["eager"] = out
+
+    def compare_and_substitute(module: nn.Module, args: Any, out: Any) -> Any:
+        mine.append([t.clone() for t in _direct_tensors(out)])
+        last["op"] = out
+        i = len(mine) - 1
+        return _replace_direct(out, (t.clone() for t in eager_calls[i])) if i < len(eager_calls) else out
     with torch.inference_mode():
-        with eager_only():
-            want, ops = recorded_call(workload, (model,), {})
+        handle = model.register_forward_hook(record)
+        try:
+            with eager_only():
+                want, ops = recorded_call(workload, (model,), {})
+        finally:
+            handle.remove()
         set_everywhere(model, op)
+        handle = model.register_forward_hook(compare_and_substitute)
         try:
             got = workload(model)
         except Exception as exc:
             return f"the workload failed under {NAME}: {type(exc).__name__}: {str(exc)[:200]}"
         finally:
+            handle.remove()
             set_everywhere(model, None)
     rule = rule_for(ops, config.current().precision)
+    if len(mine) != len(eager_calls):
+        return f"incorrect on the workload: it called the model {len(mine)} times, under eager {len(eager_calls)}"
+    exact_run = functools.cache(lambda: _exact_calls(model, workload, eager_calls))
 
     def no_exact() -> Any:
-        raise NotImplementedError("no float64 run of a workload")
+        raise NotImplementedError("no float64 run of a workload's result")
     with torch.inference_mode():
+        for i, (g, w) in enumerate(zip(mine, eager_calls)):
+            why = _check(g, w, rule, f"incorrect on the workload's call {i + 1} of {len(mine)}",
+                         lambda i=i: exact_run()[0][i])
+            if why:
+                return why
+        if last:
+            why = _check(last["op"], last["eager"], rule, "incorrect on the workload's last call (its cache)",
+                         lambda: exact_run()[1])
+            if why:
+                return why
         return _check(got, want, rule, "incorrect on the workload", no_exact)
+
+
+def _exact_calls(model: nn.Module, workload: Callable[[nn.Module], Any],
+                 eager_calls: list[list[torch.Tensor]]) -> tuple[list[list[torch.Tensor]], Any]:
+    """The float64 reference of each call of MODEL in WORKLOAD on eager's path (eager's outputs handed on, as
+    check_on_workload does), and the last call's output; raises where the model cannot run in float64."""
+    calls: list[list[torch.Tensor]] = []
+    last: list[Any] = [None]
+
+    def record(module: nn.Module, args: Any, out: Any) -> Any:
+        calls.append([t.clone() for t in _direct_tensors(out)])
+        last[0] = out
+        i = len(calls) - 1
+        return _replace_direct(out, (t.clone() for t in eager_calls[i])) if i < len(eager_calls) else out
+    with torch.inference_mode(), _in_float64(model), eager_only():
+        handle = model.register_forward_hook(record)
+        try:
+            workload(model)
+        finally:
+            handle.remove()
+    if len(calls) != len(eager_calls):
+        raise RuntimeError(f"the float64 run called the model {len(calls)} times, eager {len(eager_calls)}")
+    return calls, last[0]
+
+
+@contextmanager
+def _in_float64(model: nn.Module) -> Iterator[None]:
+    """MODEL's floating parameters and buffers as float64 copies inside the block, its own put back after."""
+    saved: list[tuple[dict, str, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            for store in (module._parameters, module._buffers):
+                for name, t in list(store.items()):
+                    if t is not None and t.is_floating_point():
+                        saved.append((store, name, t))
+                        up = t.detach().to(torch.float64)
+                        store[name] = nn.Parameter(up, requires_grad=False) if isinstance(t, nn.Parameter) else up
+        yield
+    finally:
+        for store, name, t in saved:
+            store[name] = t
+
+
+def _direct_tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors an output holds directly (in tuples, lists and mappings such as a ModelOutput), not those of
+    other objects it holds (a KV cache)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in _direct_tensors(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in _direct_tensors(v)]
+    return []
+
+
+def _replace_direct(obj: Any, tensors: Any) -> Any:
+    """OBJ with its direct tensors (_direct_tensors' order) taken from the iterator TENSORS; other objects kept."""
+    if isinstance(obj, torch.Tensor):
+        return next(tensors, obj)
+    if isinstance(obj, Mapping):
+        values = {k: _replace_direct(v, tensors) for k, v in obj.items()}
+        try:
+            return type(obj)(**values)
+        except TypeError:
+            return dict(values)
+    if isinstance(obj, (tuple, list)):
+        items = [_replace_direct(v, tensors) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj

@@ -1,6 +1,7 @@
 """optimize(workload=...): the calls a running application makes (decode steps) are captured and timed."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -182,3 +183,94 @@ def test_under_a_whole_model_fallback_a_signature_keeps_its_own_op():
         model(x)
         decode(model)
     assert own.calls == 1 and every.calls == 6
+
+
+class Picker(nn.Module):
+    """A greedy 'LM': logits over 4 tokens whose two best are nearly tied at every step."""
+
+    def forward(self, token: torch.Tensor, past: torch.Tensor | None = None):
+        past = token if past is None else torch.cat([past, token], 1)
+        logits = torch.tensor([1.0, 1.0 + 1e-7 * float(past.shape[1] % 2), 0.0, -1.0]).repeat(1, token.shape[1], 1)
+        return logits, past
+
+
+def greedy(model: nn.Module, steps: int = 4) -> torch.Tensor:
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    logits, past = model(tokens)
+    for _ in range(steps):
+        nxt = logits[:, -1:].argmax(-1)
+        tokens = torch.cat([tokens, nxt], 1)
+        logits, past = model(nxt, past)
+    return tokens
+
+
+class OtherRounding(Picker):
+    """Picker's logits one float32 ulp off at the nearly tied token (as another correct rounding would be)."""
+
+    def forward(self, token: torch.Tensor, past: torch.Tensor | None = None):
+        logits, past = super().forward(token, past)
+        logits = logits.clone()
+        logits[..., 1] = 1.0
+        return logits, past
+
+
+def test_a_near_tie_broken_the_other_way_is_judged_step_by_step_on_eagers_path():
+    """Greedy decoding flips a nearly tied token under any other correct rounding: the check hands eager's
+    logits on and compares each call within the rule, so the rounding passes and the tokens stay eager's."""
+    from metal_accel.whole_model import check_on_workload
+    model = Picker().eval()
+    with torch.inference_mode():
+        want = greedy(model)
+        assert not torch.equal(greedy(OtherRounding()), want)  # its own tokens differ from eager's
+    op = Whole(OtherRounding())
+    assert check_on_workload(model, op, greedy) == ""
+    assert op.calls == 5  # every call of the workload went through it
+    with torch.inference_mode():
+        assert torch.equal(greedy(model), want)  # the check left the model as it was
+
+
+def test_the_workload_check_names_the_call_that_is_wrong():
+    from metal_accel.whole_model import check_on_workload
+    model = Picker().eval()
+    count = {"n": 0}
+
+    def third_call_wrong(t, past=None):
+        count["n"] += 1
+        logits, past = Picker()(t, past)
+        return (logits + 0.5 if count["n"] == 3 else logits), past
+    why = check_on_workload(model, Whole(third_call_wrong), greedy)
+    assert why.startswith("incorrect on the workload's call 3 of 5"), why
+
+
+def test_an_installed_dispatcher_shows_the_forwards_own_signature():
+    """Callers inspect `forward` to decide what to pass (HF generate() passes logits_to_keep and position_ids
+    only to a forward that names them): the dispatcher must not hide the module's parameters."""
+    import inspect
+    model = Decoder().eval()
+    before = inspect.signature(model.forward)
+    install(model, call_signature((torch.randn(1, 4, 8),), {}), Whole(model.forward))
+    assert dispatcher_of(model) is not None
+    assert inspect.signature(model.forward) == before
+    assert list(inspect.signature(model.forward).parameters) == ["x", "past"]
+
+
+@pytest.mark.slow
+def test_a_bf16_llama_compiled_whole_is_judged_on_generate_against_float64():
+    """bf16 rounding of the model compiled whole differs from eager's beyond bf16's plain tolerance on some
+    logits; each generate() call is then judged against the model run in float64 on eager's path, as the
+    proof judges a kernel, and the model's own bf16 parameters are back afterwards."""
+    transformers = pytest.importorskip("transformers")
+    from metal_accel.whole_model import check_on_workload, whole_model_op
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000)
+    model = transformers.LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
+    prompt = torch.randint(0, 1000, (1, 16))
+
+    def generate(m: nn.Module) -> torch.Tensor:
+        return m.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert check_on_workload(model, whole_model_op(model), generate) == ""
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import warnings
 from typing import Any, Callable
@@ -73,6 +74,15 @@ class Dispatcher:
         # the module's own, and those of descendants whose code reads theirs (BatchNorm, Dropout, ...)
         self._mode_flags = tuple(m.__dict__ for i, m in enumerate(module.modules())
                                  if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
+
+    @functools.cached_property
+    def __signature__(self) -> inspect.Signature | None:
+        # the module's own forward's: callers that inspect `forward` see what they would without the dispatcher
+        # (HF generate() passes logits_to_keep and position_ids only to a forward whose signature names them)
+        try:
+            return inspect.signature(self.original)
+        except (TypeError, ValueError):
+            return None
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
