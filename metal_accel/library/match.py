@@ -119,7 +119,8 @@ def _find(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) 
         text = _reference_text(fam, binding, module, x, tensors)
         if text == mine:
             log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
-            learn(class_path(type(module)), fam.name)
+            if type(module).__module__ != nn.Sequential.__module__:  # a container's children decide, not its class
+                learn(class_path(type(module)), fam.name)
             return Match(fam.name, binding)
         if text is not None and _ops(text) != ops:
             unlike.add(shape)

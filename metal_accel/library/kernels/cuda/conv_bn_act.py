@@ -1,0 +1,144 @@
+"""conv_bn_act (torchvision's Conv2dNormActivation): act(batch_norm(conv2d(x, w, b), running stats)).
+
+BatchNorm in eval mode is an affine map per output channel, so it is folded into the convolution once per
+module state (prepare(), computed in float64 and rounded once to the weight's dtype): w' = w * g / sqrt(v + eps),
+b' = beta + (b - mean) * g / sqrt(v + eps). Each call is then one cuDNN convolution with bias (torch's F.conv2d,
+under the user's own TF32 flags, as eager's) and the activation applied in place over its output in one pass
+(16-byte vector loads, two vectors a thread in flight, a scalar tail; none: no pass at all), where eager runs the
+convolution, a BatchNorm kernel and an activation kernel, each a pass over the output. The activation is
+computed in float and rounded once. Served: float32, float16, bfloat16; other dtypes and layouts that are not
+dense run the same in torch."""
+DTYPES = ("float32", "float16", "bfloat16")
+SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// act 1: relu; 2: relu6 (hardtanh 0..6); 3: hardswish x * min(max(x + 3, 0), 6) / 6; 4: silu x / (1 + exp(-x));
+// NaN stays NaN. In float, the formulas and operation order of PyTorch's CUDA kernels for F.relu,
+// F.hardtanh, F.hardswish and F.silu.
+__device__ __forceinline__ float act_f(float x, int act) {
+    if (act == 1) return (x > 0.0f || x != x) ? x : 0.0f;
+    if (act == 2) return x <= 0.0f ? 0.0f : (x >= 6.0f ? 6.0f : x);
+    if (act == 3) return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f;
+    return x / (1.0f + expf(-x));
+}
+
+// 16 bytes of T, loaded and stored as one access
+template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
+#define UNROLL 2  // vectors per thread, loaded before any is computed
+
+// GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
+// contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
+// take vectors i * UNROLL * blockDim.x + k * blockDim.x + threadIdx.x, k < UNROLL, where all three
+// pointers are 16-byte aligned; the elements past the last whole vector (all of them when a pointer is not
+// aligned) go one per thread, grid-stride.
+template <typename T, bool GATED>
+__device__ __forceinline__ void act_apply(const T* a, const T* b, T* y, long long n, int act) {
+    constexpr int V = 16 / sizeof(T);
+    const unsigned long long bits = reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b) |
+                                    reinterpret_cast<unsigned long long>(y);
+    const long long nv = (bits & 15) == 0 ? n / V : 0;
+    const long long first = (long long)blockIdx.x * UNROLL * blockDim.x + threadIdx.x;
+    Vec16<T> va[UNROLL], vb[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        const long long i = first + (long long)k * blockDim.x;
+        if (i < nv) {
+            va[k] = reinterpret_cast<const Vec16<T>*>(a)[i];
+            if (GATED) vb[k] = reinterpret_cast<const Vec16<T>*>(b)[i];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        const long long i = first + (long long)k * blockDim.x;
+        if (i < nv) {
+            Vec16<T> o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const T h = from_f<T>(act_f(to_f(va[k].v[e]), act));
+                o.v[e] = GATED ? from_f<T>(to_f(h) * to_f(vb[k].v[e])) : h;
+            }
+            reinterpret_cast<Vec16<T>*>(y)[i] = o;
+        }
+    }
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = nv * V + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const T h = from_f<T>(act_f(to_f(a[i]), act));
+        y[i] = GATED ? from_f<T>(to_f(h) * to_f(b[i])) : h;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv_act_f32(const float* x, float* y, long long n, int act) {
+    act_apply<float, false>(x, x, y, n, act);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_act_f16(const __half* x, __half* y, long long n, int act) {
+    act_apply<__half, false>(x, x, y, n, act);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_act_bf16(const __nv_bfloat16* x, __nv_bfloat16* y, long long n, int act) {
+    act_apply<__nv_bfloat16, false>(x, x, y, n, act);
+}
+"""
+
+
+def _act(x, y, n, code):
+    """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
+    V = 4 if x.dtype == torch.float32 else 8
+    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
+    if x.dtype == torch.float32:
+        lib.conv_act_f32(x, y, n, code, grid=grid, block=(256,))
+    elif x.dtype == torch.float16:
+        lib.conv_act_f16(x, y, n, code, grid=grid, block=(256,))
+    else:
+        lib.conv_act_bf16(x, y, n, code, grid=grid, block=(256,))
+
+
+def conv_bn_act_prepare(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
+    scale = bn_weight.double() * (running_var.double() + eps).rsqrt()
+    shift = bn_bias.double() - running_mean.double() * scale
+    if conv_bias is not None:
+        shift = shift + conv_bias.double() * scale
+    weight = (conv_weight.double() * scale.reshape(-1, 1, 1, 1)).to(conv_weight.dtype)
+    return weight, shift.to(conv_weight.dtype)
+
+
+def act_code(act):
+    if act == "relu" or act == "relu_":
+        return 1
+    if act == "relu6" or act == "relu6_":
+        return 2
+    if act == "hardswish" or act == "hardswish_":
+        return 3
+    if act == "silu" or act == "silu_":
+        return 4
+    return 0
+
+
+def conv_bn_act(x, prepared, stride, padding, dilation, groups, act, momentum):
+    weight, bias = prepared
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    code = act_code(act)
+    n = y.numel()
+    if code == 0 or n == 0:
+        return y
+    flat = y
+    if y.dim() == 4 and not y.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last):
+        flat = y.permute(0, 2, 3, 1)  # the same memory, dense: the activation is elementwise
+    if y.dtype in (torch.float32, torch.float16, torch.bfloat16) and flat.is_contiguous():
+        _act(flat, flat, n, code)
+    elif code == 1:
+        y = F.relu(y)
+    elif code == 2:
+        y = y.clamp(0.0, 6.0)  # hardtanh's own clamp
+    elif code == 3:
+        y = y * (y + 3.0).clamp(0.0, 6.0) / 6.0  # hardswish's formula, in its order
+    else:
+        y = F.silu(y)
+    return y
