@@ -1,13 +1,14 @@
 """conv_bn_act (torchvision's Conv2dNormActivation): act(batch_norm(conv2d(x, w, b), running stats)).
 
-BatchNorm in eval mode is an affine map per output channel, so it is folded into the convolution once per
-module state (prepare(), computed in float64 and rounded once to the weight's dtype): w' = w * g / sqrt(v + eps),
-b' = beta + (b - mean) * g / sqrt(v + eps). Each call is then one cuDNN convolution with bias (torch's F.conv2d,
-under the user's own TF32 flags, as eager's) and the activation applied in place over its output in one pass
-(16-byte vector loads, two vectors a thread in flight, a scalar tail; none: no pass at all), where eager runs the
-convolution, a BatchNorm kernel and an activation kernel, each a pass over the output. The activation is
-computed in float and rounded once. Served: float32, float16, bfloat16; other dtypes and layouts that are not
-dense run the same in torch."""
+BatchNorm in eval mode is an affine map per output channel. In float32 it is folded into the convolution once per
+module state (prepare(), computed in float64 and rounded once): w' = w * g / sqrt(v + eps), b' = beta + (b - mean)
+* g / sqrt(v + eps); each call is then one cuDNN convolution with bias (torch's F.conv2d, under the user's own
+TF32 flags, as eager's) and the activation in place over its output in one pass (16-byte vector loads, two
+vectors a thread in flight, a scalar tail; none: no pass at all), where eager runs the convolution, a BatchNorm
+kernel and an activation kernel. In float16 and bfloat16 a weight rounded after folding errs beyond eager's own
+rounding where the sum cancels, so the convolution keeps the module's weights and BatchNorm (its per-channel map
+kept in float32 by prepare) and the activation are one in-place pass, each rounded as eager rounds it. Other
+dtypes and layouts that are not dense run the same in torch."""
 DTYPES = ("float32", "float16", "bfloat16")
 SOURCE = r"""
 #include <cuda_fp16.h>
@@ -76,37 +77,61 @@ __device__ __forceinline__ void act_apply(const T* a, const T* b, T* y, long lon
     }
 }
 
+// Half dtypes: y = round(act(round(y * alpha[c] + beta[c]))) in place, eager's BatchNorm (its per-channel map in
+// float) and activation, each rounded as eager rounds it; the channel of element i is (i / inner) % C (inner:
+// H * W for NCHW, 1 for channels last). V consecutive elements a thread as one 16-byte access where y is aligned,
+// one element a thread (grid-stride) for the rest.
+template <typename T>
+__device__ __forceinline__ T bn_act1(T v, const float* alpha, const float* beta, long long i, int C, long long inner,
+                                      int act) {
+    const int c = (int)((i / inner) % C);
+    const float t = to_f(from_f<T>(to_f(v) * alpha[c] + beta[c]));
+    return from_f<T>(act == 0 ? t : act_f(t, act));
+}
+
+template <typename T>
+__device__ __forceinline__ void bn_act_apply(T* y, const float* alpha, const float* beta, long long n, int C,
+                                             long long inner, int act) {
+    constexpr int V = 16 / sizeof(T);
+    const long long nv = (reinterpret_cast<unsigned long long>(y) & 15) == 0 ? n / V : 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += stride) {
+        Vec16<T> v = reinterpret_cast<Vec16<T>*>(y)[k];
+#pragma unroll
+        for (int e = 0; e < V; ++e) v.v[e] = bn_act1(v.v[e], alpha, beta, k * V + e, C, inner, act);
+        reinterpret_cast<Vec16<T>*>(y)[k] = v;
+    }
+    for (long long i = nv * V + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = bn_act1(y[i], alpha, beta, i, C, inner, act);
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv_bn_act_f16(__half* y, const float* alpha, const float* beta,
+                                                                  long long n, int C, long long inner, int act) {
+    bn_act_apply<__half>(y, alpha, beta, n, C, inner, act);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_bn_act_bf16(__nv_bfloat16* y, const float* alpha,
+                                                                   const float* beta, long long n, int C,
+                                                                   long long inner, int act) {
+    bn_act_apply<__nv_bfloat16>(y, alpha, beta, n, C, inner, act);
+}
+
 extern "C" __global__ void __launch_bounds__(256) conv_act_f32(const float* x, float* y, long long n, int act) {
     act_apply<float, false>(x, x, y, n, act);
-}
-extern "C" __global__ void __launch_bounds__(256) conv_act_f16(const __half* x, __half* y, long long n, int act) {
-    act_apply<__half, false>(x, x, y, n, act);
-}
-extern "C" __global__ void __launch_bounds__(256) conv_act_bf16(const __nv_bfloat16* x, __nv_bfloat16* y, long long n, int act) {
-    act_apply<__nv_bfloat16, false>(x, x, y, n, act);
 }
 """
 
 
-def _act(x, y, n, code):
-    """y = act(x) over x's n contiguous elements (y may be x) on the GPU; CODE as act_f in SOURCE."""
-    V = 4 if x.dtype == torch.float32 else 8
-    grid = (((n + V - 1) // V + 511) // 512,)  # 256 threads x 2 vectors (UNROLL) a block
-    if x.dtype == torch.float32:
-        lib.conv_act_f32(x, y, n, code, grid=grid, block=(256,))
-    elif x.dtype == torch.float16:
-        lib.conv_act_f16(x, y, n, code, grid=grid, block=(256,))
-    else:
-        lib.conv_act_bf16(x, y, n, code, grid=grid, block=(256,))
-
-
 def conv_bn_act_prepare(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
+    """float32: (folded weight, folded bias, None, None). Half dtypes: (conv weight, conv bias, alpha, beta), BN's
+    per-channel map in float32, since a weight rounded to 16 bits after folding errs beyond eager's own rounding."""
     scale = bn_weight.double() * (running_var.double() + eps).rsqrt()
     shift = bn_bias.double() - running_mean.double() * scale
+    if conv_weight.dtype != torch.float32:
+        return conv_weight, conv_bias, scale.float(), shift.float()
     if conv_bias is not None:
         shift = shift + conv_bias.double() * scale
     weight = (conv_weight.double() * scale.reshape(-1, 1, 1, 1)).to(conv_weight.dtype)
-    return weight, shift.to(conv_weight.dtype)
+    return weight, shift.to(conv_weight.dtype), None, None
 
 
 def act_code(act):
@@ -122,18 +147,32 @@ def act_code(act):
 
 
 def conv_bn_act(x, prepared, stride, padding, dilation, groups, act, momentum):
-    weight, bias = prepared
+    weight, bias, alpha, beta = prepared
     y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     code = act_code(act)
     n = y.numel()
-    if code == 0 or n == 0:
+    if n == 0 or code == 0 and alpha is None:
         return y
     flat = y
+    inner = y.shape[2] * y.shape[3] if y.dim() == 4 else 0
     if y.dim() == 4 and not y.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last):
-        flat = y.permute(0, 2, 3, 1)  # the same memory, dense: the activation is elementwise
-    if y.dtype in (torch.float32, torch.float16, torch.bfloat16) and flat.is_contiguous():
-        _act(flat, flat, n, code)
-    elif code == 1:
+        flat = y.permute(0, 2, 3, 1)  # the same memory, dense
+        inner = 1
+    if alpha is None and y.dtype == torch.float32 and flat.is_contiguous():
+        lib.conv_act_f32(flat, flat, n, code, grid=((n // 4 + 511) // 512 + 1,), block=(256,))
+        return y
+    if alpha is not None and y.dtype in (torch.float16, torch.bfloat16) and flat.is_contiguous() and inner > 0:
+        grid = (min((n // 8 + 255) // 256 + 1, 65535),)
+        if y.dtype == torch.float16:
+            lib.conv_bn_act_f16(flat, alpha, beta, n, y.shape[1], inner, code, grid=grid, block=(256,))
+        else:
+            lib.conv_bn_act_bf16(flat, alpha, beta, n, y.shape[1], inner, code, grid=grid, block=(256,))
+        return y
+    if alpha is not None:  # eager's BatchNorm, rounded to y's dtype
+        y = (y.float() * alpha.reshape(-1, 1, 1) + beta.reshape(-1, 1, 1)).to(y.dtype)
+    if code == 0:
+        return y
+    if code == 1:
         y = F.relu(y)
     elif code == 2:
         y = y.clamp(0.0, 6.0)  # hardtanh's own clamp
