@@ -276,3 +276,28 @@ def test_metal_kernel_proven_on_the_emulator(library_on, dtype):
         row, want = optimized(model, x, "mps-emu")
         assert row.status == "kernel" and row.source == "library:conv_bn_act", (row.reason, row.rejected)
         assert "speed not measured" in row.reason
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_installed_kernel_follows_the_modules_parameters(library_on):
+    """The folded weights are made once, and again when the module's state changes: in place (load_state_dict,
+    an optimizer step) or by reassignment."""
+    torch.manual_seed(0)
+    model = block(8, 8, "relu_")
+    x = torch.randn(2, 8, 9, 9)
+    with torch.inference_mode():
+        metal_accel.optimize(model, (x,), backend="cpu", margin=-10.0, end_to_end=False, compile=False,
+                             bench_budget_s=0.1, progress=False)
+    row = [m for m in metal_accel.explain(model).modules if m.name == "Sequential"][0]
+    if row.status != "kernel":
+        pytest.skip(f"not installed on this busy machine: {row.reason}")
+    other = block(8, 8, "relu_")
+    with torch.no_grad():
+        model.load_state_dict(other.state_dict())  # copies in place
+        torch.testing.assert_close(model(x), other(x), rtol=1e-4, atol=1e-5)
+        model[1].running_var = torch.rand(8) + 0.5  # reassigned
+        other[1].running_var = model[1].running_var.clone()
+        torch.testing.assert_close(model(x), other(x), rtol=1e-4, atol=1e-5)
+    disp = model.__dict__["forward"]
+    assert disp.hits >= 2, disp.hits
