@@ -101,16 +101,16 @@ def mlp(x: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor, fc2_w
     return F.linear(ACTIVATIONS[act](F.linear(x, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
 
 
-CONV_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "none": lambda t: t,
-    "relu": F.relu,
+CONV_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # the most common first (one trace each)
     "relu_": lambda t: F.relu(t, inplace=True),
-    "relu6": lambda t: F.hardtanh(t, 0.0, 6.0),
-    "relu6_": lambda t: F.hardtanh(t, 0.0, 6.0, inplace=True),
-    "hardswish": F.hardswish,
     "hardswish_": lambda t: F.hardswish(t, inplace=True),
-    "silu": F.silu,
+    "none": lambda t: t,
     "silu_": lambda t: F.silu(t, inplace=True),
+    "relu6_": lambda t: F.hardtanh(t, 0.0, 6.0, inplace=True),
+    "relu": F.relu,
+    "hardswish": F.hardswish,
+    "silu": F.silu,
+    "relu6": lambda t: F.hardtanh(t, 0.0, 6.0),
 }
 
 
