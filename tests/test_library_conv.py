@@ -306,3 +306,21 @@ def test_the_kernel_follows_the_modules_parameters():
         other[1].running_var = model[1].running_var.clone()
         torch.testing.assert_close(fwd(layout.view(layout.gather()), x), other(x), rtol=1e-4, atol=1e-5)
     assert fwd.prepares == 3
+
+
+def test_prepare_holds_no_tensor_of_the_module():
+    """A prepared value that is the module's own tensor is looked up per call, not held: freeing the module frees
+    the memo's entry."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+    code = PREPARED.replace("    return module.w * 2.0, module.b + 1.0", "    return module.w, module.b + 1.0")
+    fwd = load_forward(code, lib=None)
+    view = SimpleNamespace(w=torch.ones(3), b=torch.zeros(3))
+    torch.testing.assert_close(fwd(view, torch.ones(3)), torch.full((3,), 2.0))
+    torch.testing.assert_close(fwd(view, torch.ones(3)), torch.full((3,), 2.0))
+    assert fwd.prepares == 1
+    gone = weakref.ref(view.w)
+    del view
+    gc.collect()
+    assert gone() is None and not fwd._entries

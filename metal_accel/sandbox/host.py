@@ -127,7 +127,7 @@ class PreparedForward:
         versions = _versions(state)
         entry = self._entries.get(key)
         if entry is not None and versions is not None and entry[0] == versions:
-            return entry[1], entry[2]
+            return _resolve(entry[1], state), entry[2]
         with torch.no_grad():
             value = self._prepare(module)
             pristine = _clone_tensors(value) if self._proof else None
@@ -135,8 +135,24 @@ class PreparedForward:
         if entry is None:
             for t in state:  # the entry holds no tensor of the module: it goes with the first of them freed
                 weakref.finalize(t, self._entries.pop, key, None)
-        self._entries[key] = (versions, value, pristine)
+        self._entries[key] = (versions, _hold(value, {id(t): i for i, t in enumerate(state)}), pristine)
         return value, pristine
+
+
+class _Slot(int):
+    """A prepared value that is one of the module's own tensors, kept as its index in the state (not held)."""
+
+
+def _hold(value: Any, slots: dict[int, int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Slot(slots[id(value)]) if id(value) in slots else value
+    return tuple(_hold(v, slots) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _resolve(held: Any, state: list[torch.Tensor]) -> Any:
+    if type(held) is tuple:
+        return tuple(_resolve(v, state) for v in held)
+    return state[held] if type(held) is _Slot else held
 
 
 def view_tensors(view: Any) -> list[torch.Tensor]:
