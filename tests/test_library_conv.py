@@ -1,7 +1,7 @@
 """The library's conv_bn_act family (Conv2d, eval-mode BatchNorm2d, activation) and the candidate's prepare().
 
 Matching runs on hand-built Sequential(Conv2d, BatchNorm2d, act) modules (always) and on torchvision's
-Conv2dNormActivation blocks of mobilenet_v3_small (skipped without torchvision); near misses (train mode,
+Conv2dNormActivation blocks of mobilenet_v3_small and timm's ConvNormAct (skipped without them); near misses (train mode,
 conv-act-bn order, reflect padding) must not match. prepare() runs once per module state. The CPU kernels are
 proven through optimize() with the library on (fp32, bf16; NCHW, channels last, depthwise, conv bias), the Metal
 ones on the MSL emulator; a broken fold must be rejected. The CUDA file's checks are in test_library_cuda.py.
@@ -36,7 +36,7 @@ def block(cin: int = 8, cout: int = 12, act: str = "relu_", *, k: int = 3, strid
 def randomize(model: nn.Module) -> nn.Module:
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, nn.BatchNorm2d):  # timm's BatchNormAct2d too
                 m.running_var.uniform_(0.3, 2.0)
                 m.running_mean.normal_(0.0, 0.5)
                 m.weight.normal_(1.0, 0.3)
@@ -324,3 +324,13 @@ def test_prepare_holds_no_tensor_of_the_module():
     del view
     gc.collect()
     assert gone() is None and not fwd._entries
+
+
+def test_timm_conv_norm_act_matches():
+    """timm's ConvNormAct: its BatchNormAct2d applies the activation itself; the trace is the same computation."""
+    pytest.importorskip("timm")
+    from timm.layers import ConvNormAct
+    x = torch.randn(2, 8, 9, 9)
+    for act, want in (("relu", "relu_"), ("silu", "silu_"), ("hard_swish", "hardswish_")):
+        assert family_of(randomize(ConvNormAct(8, 16, 3, act_layer=act)).eval(), x) == ("conv_bn_act", want)
+    assert family_of(ConvNormAct(8, 16, 3, apply_act=False).eval(), x) == ("conv_bn_act", "none")
