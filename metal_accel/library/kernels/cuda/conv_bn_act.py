@@ -36,45 +36,34 @@ __device__ __forceinline__ float act_f(float x, int act) {
 template <typename T> struct alignas(16) Vec16 { T v[16 / sizeof(T)]; };
 #define UNROLL 2  // vectors per thread, loaded before any is computed
 
-// GATED: y = round(round(act(a)) * b), eager's act(gate) * up; else y = round(act(a)) (b unused). Over n
-// contiguous elements; y may be a (each element is read, then written, by one thread). Threads of block i
-// take vectors i * UNROLL * blockDim.x + k * blockDim.x + threadIdx.x, k < UNROLL, where all three
+// float32: y = act(a) over n contiguous elements; y may be a (each element is read, then written, by one thread).
+// Threads of block i take vectors i * UNROLL * blockDim.x + k * blockDim.x + threadIdx.x, k < UNROLL, where both
 // pointers are 16-byte aligned; the elements past the last whole vector (all of them when a pointer is not
 // aligned) go one per thread, grid-stride.
-template <typename T, bool GATED>
-__device__ __forceinline__ void act_apply(const T* a, const T* b, T* y, long long n, int act) {
-    constexpr int V = 16 / sizeof(T);
-    const unsigned long long bits = reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b) |
-                                    reinterpret_cast<unsigned long long>(y);
+__device__ __forceinline__ void act_apply(const float* a, float* y, long long n, int act) {
+    constexpr int V = 4;
+    const unsigned long long bits = reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(y);
     const long long nv = (bits & 15) == 0 ? n / V : 0;
     const long long first = (long long)blockIdx.x * UNROLL * blockDim.x + threadIdx.x;
-    Vec16<T> va[UNROLL], vb[UNROLL];
+    Vec16<float> va[UNROLL];
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
         const long long i = first + (long long)k * blockDim.x;
-        if (i < nv) {
-            va[k] = reinterpret_cast<const Vec16<T>*>(a)[i];
-            if (GATED) vb[k] = reinterpret_cast<const Vec16<T>*>(b)[i];
-        }
+        if (i < nv) va[k] = reinterpret_cast<const Vec16<float>*>(a)[i];
     }
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
         const long long i = first + (long long)k * blockDim.x;
         if (i < nv) {
-            Vec16<T> o;
+            Vec16<float> o;
 #pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const T h = from_f<T>(act_f(to_f(va[k].v[e]), act));
-                o.v[e] = GATED ? from_f<T>(to_f(h) * to_f(vb[k].v[e])) : h;
-            }
-            reinterpret_cast<Vec16<T>*>(y)[i] = o;
+            for (int e = 0; e < V; ++e) o.v[e] = act_f(va[k].v[e], act);
+            reinterpret_cast<Vec16<float>*>(y)[i] = o;
         }
     }
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = nv * V + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const T h = from_f<T>(act_f(to_f(a[i]), act));
-        y[i] = GATED ? from_f<T>(to_f(h) * to_f(b[i])) : h;
-    }
+    for (long long i = nv * V + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = act_f(a[i], act);
 }
 
 // Half dtypes: y = round(act(round(y * alpha[c] + beta[c]))) in place, eager's BatchNorm (its per-channel map in
@@ -116,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_bn_act_bf16(__nv_bfloat16
 }
 
 extern "C" __global__ void __launch_bounds__(256) conv_act_f32(const float* x, float* y, long long n, int act) {
-    act_apply<float, false>(x, x, y, n, act);
+    act_apply(x, y, n, act);
 }
 """
 
