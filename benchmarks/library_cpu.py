@@ -1,7 +1,7 @@
 """Shipped CPU library kernels (metal_accel/library/kernels/cpu) against the real modules' eager forward.
 
     METAL_ACCEL_TRUST_NATIVE=1 python benchmarks/library_cpu.py [--out library_cpu.json] [--family rms_norm ...]
-        [--hidden 256 ...] [--seq 128 ...] [--dtype float32 bfloat16] [--budget 2.0] [--threads N]
+        [--hidden 256 ...] [--seq 128 ...] [--dtype float32 bfloat16] [--budget 2.0] [--threads N] [--batch 1 ...]
 
 Each family's kernel file plus the glue the library appends is compiled and run in process (as a shipped
 kernel runs), on a transformers module at realistic shapes; eager and kernel are timed in interleaved
@@ -43,6 +43,14 @@ HIDDEN = {"rms_norm": [256, 1024, 2048], "gated_mlp": [256, 512, 1024], "gelu_ta
           "gpt2_mlp": [256, 512, 1024], "linear_gelu": [256, 512, 1024]}
 SEQ = {"rms_norm": [1, 128], "gated_mlp": [1, 128], "gelu_tanh": [128], "gpt2_mlp": [1, 128], "linear_gelu": [1, 128]}
 
+# conv_bn_act: (label, in, out, kernel, stride, groups, activation, input H = W) of MobileNetV3-Large's,
+# EfficientNet-B0's and ResNet-50's Conv-BN-act layers at 224x224; its glue is the library's own (match_call)
+CONV_CASES = [("mnv3 stem", 3, 16, 3, 2, 1, "hardswish", 224), ("mnv3 expand 1x1", 24, 72, 1, 1, 1, "relu", 56),
+              ("mnv3 dw 3x3", 72, 72, 3, 1, 72, "relu", 56), ("mnv3 dw 5x5 s2", 240, 240, 5, 2, 240, "hardswish", 28),
+              ("mnv3 project 1x1", 240, 40, 1, 1, 1, "none", 14), ("effnet expand 1x1", 40, 240, 1, 1, 1, "silu", 28),
+              ("resnet50 3x3", 64, 64, 3, 1, 1, "relu", 56), ("resnet50 1x1", 256, 128, 1, 1, 1, "relu", 56),
+              ("resnet50 3x3 l3", 256, 256, 3, 1, 1, "relu", 14)]
+
 
 def modules(family: str, hidden: int, dtype: Any) -> list[tuple[str, Any, str]]:
     """(label, module, glue) for FAMILY at hidden size HIDDEN."""
@@ -78,6 +86,38 @@ def modules(family: str, hidden: int, dtype: Any) -> list[tuple[str, Any, str]]:
     return [(label, m.eval().to(dtype), g) for label, m, g in out]
 
 
+def conv_modules(dtype: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
+    """(label, Sequential(Conv2d, BatchNorm2d[, act]) as torchvision's Conv2dNormActivation, input shape after the
+    batch) for CONV_CASES, BatchNorm with random statistics."""
+    import torch
+    from torch import nn
+
+    acts = {"relu": lambda: nn.ReLU(inplace=True), "hardswish": lambda: nn.Hardswish(inplace=True),
+            "silu": lambda: nn.SiLU(inplace=True), "none": None}
+    torch.manual_seed(0)
+    out = []
+    for label, cin, cout, k, stride, groups, act, hw in CONV_CASES:
+        layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01)] + ([acts[act]()] if acts[act] else [])
+        m = nn.Sequential(*layers)
+        with torch.no_grad():
+            m[1].running_var.uniform_(0.3, 2.0)
+            m[1].running_mean.normal_(0.0, 0.5)
+            m[1].weight.normal_(1.0, 0.3)
+            m[1].bias.normal_(0.0, 0.3)
+        out.append((f"{label}[{act}]", m.eval().to(dtype), (cin, hw, hw)))
+    return out
+
+
+def library_glue(module: Any, x: Any) -> str:
+    """The glue the library itself generates for MODULE on X (its match, by traced computation)."""
+    from metal_accel.library.match import match_call
+    found = match_call(module, (x,), {})
+    if found is None:
+        raise SystemExit(f"{type(module).__name__} did not match a library family")
+    return found.glue()
+
+
 def kernel_forward(family: str, glue: str) -> Callable[..., Any]:
     """forward(module, x) of the family's kernel file with GLUE, compiled and loaded in this process."""
     from metal_accel.backends import get_backend
@@ -95,16 +135,20 @@ def bench_case(family: str, label: str, module: Any, glue: str, shape: tuple[int
     import metal_accel
     from metal_accel.proof.speed import compare_speed
 
-    fwd = kernel_forward(family, glue)
+    from metal_accel.runtime.ops import ModuleLayout
+
     gen = torch.Generator().manual_seed(1)
     inputs = [((torch.randn(shape, generator=gen).to(dtype),), {}) for _ in range(4)]
+    fwd = kernel_forward(family, glue or library_glue(module, inputs[0][0][0]))
+    layout = ModuleLayout(module)
+    view = layout.view(layout.gather())  # what an installed kernel's host code gets as `module` (kept while unchanged)
 
     def eager(x: Any) -> Any:
         with metal_accel.eager():
             return module(x)
 
     def kernel(x: Any) -> Any:
-        return fwd(module, x)
+        return fwd(view, x)
 
     with torch.inference_mode():
         (x,), _ = inputs[0]
@@ -127,7 +171,8 @@ def bench_case(family: str, label: str, module: Any, glue: str, shape: tuple[int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="library_cpu.json")
-    parser.add_argument("--family", nargs="*", default=list(GLUE))
+    parser.add_argument("--family", nargs="*", default=[*GLUE, "conv_bn_act"])
+    parser.add_argument("--batch", nargs="*", type=int, default=[1], help="conv_bn_act's batch sizes")
     parser.add_argument("--hidden", nargs="*", type=int, default=None,
                         help="hidden sizes (default per family: HIDDEN; gelu_tanh's is the MLP's 4 * hidden)")
     parser.add_argument("--seq", nargs="*", type=int, default=None, help="sequence lengths (default per family: SEQ)")
@@ -147,6 +192,13 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     rows = []
     for family in args.family:
+        if family == "conv_bn_act":
+            for dname in args.dtype:
+                for label, module, chw in conv_modules(getattr(torch, dname)):
+                    for batch in args.batch:
+                        rows.append(bench_case(family, label, module, "", (batch, *chw), getattr(torch, dname),
+                                               args.budget))
+            continue
         for hidden in args.hidden or HIDDEN[family]:
             for dname in args.dtype:
                 dtype = getattr(torch, dname)

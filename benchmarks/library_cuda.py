@@ -2,16 +2,18 @@
 modules they serve, and measure the DRAM bandwidth the memory-bound ones reach against a copy.
 
     python benchmarks/library_cuda.py [--json out.json] [--deadline 240] [--only LlamaMLP] [--dtypes fp32,bf16]
+    python benchmarks/library_cuda.py --only ConvBnAct --no-bandwidth   # the CNN layers (conv_bn_act) alone
 
 Each case is one module and input: optimize(backend="cuda") from an empty user cache, with the library as the
 only provider, so the real matcher binds the module to its family, generates the glue, and the pipeline proves
-(on several leading shapes: the glue says SHAPE_GENERIC = "rows") and times the shipped kernel against eager.
+(on several leading shapes: the glue says SHAPE_GENERIC = "rows"; conv_bn_act's, on other batch sizes) and times the shipped kernel against eager.
 Per case the JSON holds the pipeline's verdict and per-call times (eager_us, kernel_us: latency of one call, as the
 pipeline decides), a second check of the installed module on another number of rows, and throughput times of
 eager and the kernel's forward called directly, back to back between two CUDA events (tp_eager_us, tp_kernel_us).
 The bandwidth rows time rms_norm and gelu_tanh at a large shape (--rows x --width) against dst.copy_(src) of the
 input's size in the same run: bytes moved are the input, output and weight once. Cases run in priority order and
-stop at --deadline seconds (what ran is written after every case). Needs a CUDA GPU and transformers.
+stop at --deadline seconds (what ran is written after every case). Needs a CUDA GPU and transformers (the
+ConvBnAct cases build torchvision's Conv2dNormActivation computation by hand: no torchvision needed).
 """
 from __future__ import annotations
 
@@ -74,6 +76,8 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
              ("ViTMLP gelu", vit("gelu"), (8, 197, 768), (1, 5, 768))]
     for dtype in ("bf16", "fp32", "fp16"):
         out += [(label, dtype, make, shape, second) for label, make, shape, second in first]
+    for dtype in ("bf16", "fp16", "fp32"):  # CNN layers: torchvision's Conv2dNormActivation computation
+        out += [(label, dtype, make, shape, second) for label, make, shape, second in conv_cases()]
     if os.environ.get("LIBRARY_CUDA_SKIP"):  # labels@dtype already measured, e.g. by an earlier run
         done = set(os.environ["LIBRARY_CUDA_SKIP"].split(","))
         out = [c for c in out if f"{c[0]}@{c[1]}" not in done]
@@ -86,6 +90,46 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
             ("ViTMLP gelu_pytorch_tanh", "bf16", vit("gelu_pytorch_tanh"), (8, 197, 768), (1, 5, 768)),
             ("ViTMLP relu", "fp16", vit("relu"), (8, 197, 768), (1, 5, 768))]
     return out
+
+
+def conv_block(cin: int, cout: int, k: int, stride: int, groups: int, act: str, channels_last: bool = False
+               ) -> Callable[[], Any]:
+    """Sequential(Conv2d, BatchNorm2d[, act]) as torchvision's Conv2dNormActivation builds it (no torchvision
+    needed), BatchNorm with random statistics; CHANNELS_LAST: module and input in that memory format."""
+    import torch
+    from torch import nn
+
+    def make() -> Any:
+        acts = {"relu": lambda: nn.ReLU(inplace=True), "hardswish": lambda: nn.Hardswish(inplace=True),
+                "silu": lambda: nn.SiLU(inplace=True), "none": None}
+        layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01)] + ([acts[act]()] if acts[act] else [])
+        m = nn.Sequential(*layers)
+        with torch.no_grad():
+            m[1].running_var.uniform_(0.3, 2.0)
+            m[1].running_mean.normal_(0.0, 0.5)
+            m[1].weight.normal_(1.0, 0.3)
+            m[1].bias.normal_(0.0, 0.3)
+        if channels_last:
+            m.channels_last = True  # read by run_case (no attribute of the module's computation)
+        return m
+    return make
+
+
+def conv_cases() -> list[tuple[str, Callable[[], Any], tuple[int, ...], tuple[int, ...]]]:
+    """MobileNetV3-Large's, EfficientNet-B0's and ResNet-50's Conv-BN-act layers at 224x224, batch 32 (and 1)."""
+    return [("ConvBnAct mnv3 stem hswish", conv_block(3, 16, 3, 2, 1, "hardswish"), (32, 3, 224, 224), (1, 3, 224, 224)),
+            ("ConvBnAct mnv3 expand 1x1 relu", conv_block(24, 72, 1, 1, 1, "relu"), (32, 24, 56, 56), (3, 24, 56, 56)),
+            ("ConvBnAct mnv3 dw 3x3 relu", conv_block(72, 72, 3, 1, 72, "relu"), (32, 72, 56, 56), (1, 72, 56, 56)),
+            ("ConvBnAct mnv3 dw 5x5 s2 hswish", conv_block(240, 240, 5, 2, 240, "hardswish"), (32, 240, 28, 28),
+             (1, 240, 28, 28)),
+            ("ConvBnAct mnv3 project 1x1", conv_block(240, 40, 1, 1, 1, "none"), (32, 240, 14, 14), (1, 240, 14, 14)),
+            ("ConvBnAct effnet expand silu", conv_block(40, 240, 1, 1, 1, "silu"), (32, 40, 28, 28), (1, 40, 28, 28)),
+            ("ConvBnAct resnet50 3x3 relu", conv_block(64, 64, 3, 1, 1, "relu"), (32, 64, 56, 56), (1, 64, 56, 56)),
+            ("ConvBnAct resnet50 1x1 relu", conv_block(256, 128, 1, 1, 1, "relu"), (32, 256, 56, 56), (1, 256, 56, 56)),
+            ("ConvBnAct resnet50 3x3 relu NHWC", conv_block(64, 64, 3, 1, 1, "relu", True), (32, 64, 56, 56),
+             (1, 64, 56, 56)),
+            ("ConvBnAct resnet50 l4 3x3 relu", conv_block(512, 512, 3, 1, 1, "relu"), (32, 512, 7, 7), (1, 512, 7, 7))]
 
 
 def per_call_s(fn: Callable[[], Any], min_s: float = 0.05) -> float:
@@ -224,9 +268,10 @@ def run_case(label: str, dtype_name: str, make: Callable[[], Any], shape: tuple[
     torch.manual_seed(0)
     module = make()
     weight_dtype = module.__dict__.pop("weight_dtype", None) or dtype
-    module = module.to("cuda", weight_dtype).eval()
-    x = torch.randn(shape, device="cuda", dtype=dtype)
-    x2 = torch.randn(second, device="cuda", dtype=dtype)
+    fmt = torch.channels_last if module.__dict__.pop("channels_last", False) else torch.contiguous_format
+    module = module.to("cuda", weight_dtype).to(memory_format=fmt).eval()
+    x = torch.randn(shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    x2 = torch.randn(second, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
     cls = type(module).__name__
     row: dict[str, Any] = {"case": label, "class": cls, "dtype": dtype_name, "shape": list(shape)}
     fn, row["family"] = kernel_forward(module, x)  # outside inference mode: the matcher traces the module

@@ -49,7 +49,7 @@ def main() -> None:
         built = build(name, "cpu", gpu=False)
         for cls, (module, args, kwargs) in calls_of(built.model, built.args, built.kwargs).items():
             m = match_call(module, args, kwargs)
-            if m is not None:
+            if m is not None and cls.__module__ != torch.nn.Sequential.__module__:  # a container's children decide
                 found[class_path(cls)] = m.family
                 print(f"{name}: {class_path(cls)} -> {m.family}")
     OUT.write_text(json.dumps(dict(sorted(found.items())), indent=1) + "\n")

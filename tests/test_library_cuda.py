@@ -44,10 +44,16 @@ def text_of(family: str) -> str:
 
 
 def glue(family: str) -> str:
-    """A forward that hands its module's attributes a..e to the host function (the library generates the real one)."""
-    n = len(inspect.signature(FAMILIES[family].reference).parameters) - 1
-    args = "".join(f", module.{chr(97 + i)}" for i in range(n))
-    return f'\n\nSHAPE_GENERIC = "rows"\n\n\ndef forward(module, x):\n    return {family}(x{args})\n'
+    """A forward that hands its module's attributes a..e to the host function (the library generates the real one;
+    a family with prepared arguments gets them through prepare(), as the library's glue passes them)."""
+    fam = FAMILIES[family]
+    n = len(inspect.signature(fam.reference).parameters) - 1
+    args = [f"module.{chr(97 + i)}" for i in range(n)]
+    if fam.prepared:
+        return (f'\n\nSHAPE_GENERIC = True\n\n\ndef prepare(module):\n    return {family}_prepare('
+                f'{", ".join(args[:fam.prepared])})\n\n\ndef forward(module, x, *, prepared):\n'
+                f'    return {family}(x, prepared, {", ".join(args[fam.prepared:])})\n')
+    return f'\n\nSHAPE_GENERIC = "rows"\n\n\ndef forward(module, x):\n    return {family}(x{"".join(", " + a for a in args)})\n'
 
 
 def candidate(family: str, text: str | None = None) -> Any:
@@ -70,6 +76,10 @@ def test_kernel_file_format_and_static_checks(family: str) -> None:
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert "forward" not in defs  # the library appends the glue
     want = list(inspect.signature(FAMILIES[family].reference).parameters)
+    k = FAMILIES[family].prepared
+    if k:
+        assert [a.arg for a in defs[f"{family}_prepare"].args.args] == want[1:1 + k]
+        want = ["x", "prepared"] + want[1 + k:]
     assert [a.arg for a in defs[family].args.args] == want
     cand = candidate(family)
     check_host_code(cand.code)
@@ -146,8 +156,30 @@ def act_float(x: torch.Tensor, code: int) -> torch.Tensor:
     return torch.where((x > 0) | x.isnan(), x, torch.zeros_like(x))
 
 
+def conv_act_float(x: torch.Tensor, code: int) -> torch.Tensor:
+    """act_f of conv_bn_act's SOURCE, in float32."""
+    if code == 1:
+        return torch.where((x > 0) | x.isnan(), x, torch.zeros_like(x))
+    if code == 2:
+        return torch.where(x <= 0, torch.zeros_like(x), torch.where(x >= 6, torch.full_like(x, 6.0), x))
+    if code == 3:
+        return x * (x + 3.0).clamp(0.0, 6.0) / 6.0
+    assert code == 4, code
+    return x / (1.0 + torch.exp(-x))
+
+
 def _emulate(name: str, args: tuple, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
-    if name.startswith("act_mul_"):
+    if name.startswith("conv_act_"):
+        x, y, n, code = args
+        assert block == (256, 1, 1) and grid[0] * 512 * (16 // x.element_size()) >= n, (grid, n)
+        y.view(-1)[:n] = conv_act_float(x.reshape(-1)[:n].float(), code).to(y.dtype)
+    elif name.startswith("conv_bn_act_"):
+        y, alpha, beta, n, C, inner, code = args
+        assert block == (256, 1, 1) and grid[0] >= 1
+        c = (torch.arange(n) // inner) % C
+        t = (y.reshape(-1)[:n].float() * alpha[c] + beta[c]).to(y.dtype).float()
+        y.view(-1)[:n] = (t if code == 0 else conv_act_float(t, code)).to(y.dtype)
+    elif name.startswith("act_mul_"):
         g, u, h, n, code = args
         assert block == (256, 1, 1) and grid[0] * 512 * (16 // g.element_size()) >= n, (grid, n)
         a = act_float(g.reshape(-1)[:n].float(), code).to(g.dtype)
@@ -298,6 +330,29 @@ def test_gpt2_mlp_linear_gelu_and_mlp_hosts(dtype: torch.dtype) -> None:
             assert err <= 2 * DTYPE_TOL[dtype] + (1e-4 if dtype == FP32 else 0), (family, args[-1], float(err))
 
 
+@pytest.mark.parametrize("dtype", [FP32, FP16, BF16], ids=str)
+def test_conv_bn_act_host(dtype: torch.dtype) -> None:
+    """Every activation, depthwise and plain, NCHW and channels last, with and without conv bias, against the
+    family's reference in float64 (folded float32 and the half dtypes' fused BatchNorm alike)."""
+    torch.manual_seed(0)
+    ref = FAMILIES["conv_bn_act"].reference
+    for act in ("relu_", "relu6", "hardswish_", "silu", "none"):
+        for groups, bias, channels_last in ((1, False, False), (6, True, True), (1, True, True)):
+            x = torch.randn(2, 6, 7, 5, dtype=dtype)
+            w = (torch.randn(6, 6 // groups, 3, 3) * 0.3).to(dtype)
+            b = torch.randn(6).to(dtype) if bias else None
+            if channels_last:
+                x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+            g, beta, mean = (1 + 0.3 * torch.randn(6)).to(dtype), torch.randn(6).to(dtype), torch.randn(6).to(dtype)
+            var = (torch.rand(6) + 0.3).to(dtype)
+            args = (w, b, g, beta, mean, var, 1e-3, (1, 1), (1, 1), (1, 1), groups, act, 0.01)
+            want = ref(x.double(), *[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+            got = host("conv_bn_act")(x, *args)
+            assert got.dtype == dtype and got.shape == want.shape, (act, groups)
+            err = (got.double() - want).norm() / want.norm()
+            assert err <= 2 * DTYPE_TOL[dtype], (act, groups, bias, channels_last, float(err))
+
+
 # ---------------------------------------------------------------- on the GPU: the pipeline proves each family
 
 def _prove(module: torch.nn.Module, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -326,7 +381,21 @@ def _real_modules() -> list[tuple[str, Callable[[], torch.nn.Module], tuple[int,
             ("linear_gelu", lambda: BertIntermediate(transformers.BertConfig(hidden_size=256, intermediate_size=1024,
                                                                                  num_attention_heads=4)), (2, 9, 256)),
             ("mlp", lambda: ViTMLP(transformers.ViTConfig(hidden_size=256, intermediate_size=1024,
-                                                          num_attention_heads=4)), (2, 9, 256))]
+                                                          num_attention_heads=4)), (2, 9, 256)),
+            ("conv_bn_act", lambda: _conv_bn_act_block(torch.nn.Hardswish()), (8, 32, 28, 28)),
+            ("conv_bn_act", lambda: _conv_bn_act_block(torch.nn.ReLU(inplace=True), groups=32), (8, 32, 28, 28))]
+
+
+def _conv_bn_act_block(act: torch.nn.Module, groups: int = 1) -> torch.nn.Module:
+    """Sequential(Conv2d, BatchNorm2d, act) as torchvision's Conv2dNormActivation, random BatchNorm statistics."""
+    m = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, 1, 1, groups=groups, bias=False),
+                            torch.nn.BatchNorm2d(32, eps=1e-3, momentum=0.01), act)
+    with torch.no_grad():
+        m[1].running_var.uniform_(0.3, 2.0)
+        m[1].running_mean.normal_(0.0, 0.5)
+        m[1].weight.normal_(1.0, 0.3)
+        m[1].bias.normal_(0.0, 0.3)
+    return m
 
 
 @pytest.mark.cuda

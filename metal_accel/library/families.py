@@ -30,6 +30,12 @@ class Family:
     summary: str
     reference: Callable[..., torch.Tensor]            # reference(x, *arguments), plain torch
     bindings: Callable[[nn.Module, dict[str, torch.Tensor]], Iterator[tuple[Arg, ...]]]
+    # the first PREPARED arguments are constants of the module: the kernel file's `<name>_prepare(*them)` turns
+    # them into derived tensors once per module state (the candidate's prepare(), core/candidate.py), and the
+    # host function gets that tuple in their place
+    prepared: int = 0
+    # the generated candidate's SHAPE_GENERIC: "rows" (any leading dimensions of x) or True (any batch size)
+    shape_generic: Any = "rows"
 
 
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -45,6 +51,12 @@ def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def _float_attrs(module: nn.Module) -> list[str]:
     return [k for k, v in module_config(module).items() if type(v) is float]
+
+
+def attribute(module: nn.Module, path: str) -> Any:
+    """The plain attribute at dotted PATH ("eps", "1.eps": a submodule's), as module_config gives it."""
+    owner, _, name = path.rpartition(".")
+    return module_config(module.get_submodule(owner))[name]
 
 
 # -- references (the semantics each kernel must reproduce; docs/library.md states them too) ----------------
@@ -87,6 +99,29 @@ def gpt2_mlp(x: torch.Tensor, fc_weight: torch.Tensor, fc_bias: torch.Tensor, pr
 def mlp(x: torch.Tensor, fc1_weight: torch.Tensor, fc1_bias: torch.Tensor, fc2_weight: torch.Tensor,
         fc2_bias: torch.Tensor, act: str) -> torch.Tensor:
     return F.linear(ACTIVATIONS[act](F.linear(x, fc1_weight, fc1_bias)), fc2_weight, fc2_bias)
+
+
+CONV_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # the most common first (one trace each)
+    "relu_": lambda t: F.relu(t, inplace=True),
+    "hardswish_": lambda t: F.hardswish(t, inplace=True),
+    "none": lambda t: t,
+    "silu_": lambda t: F.silu(t, inplace=True),
+    "relu6_": lambda t: F.hardtanh(t, 0.0, 6.0, inplace=True),
+    "relu": F.relu,
+    "hardswish": F.hardswish,
+    "silu": F.silu,
+    "relu6": lambda t: F.hardtanh(t, 0.0, 6.0),
+}
+
+
+def conv_bn_act(x: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor | None, bn_weight: torch.Tensor,
+                bn_bias: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor, eps: float,
+                stride: Any, padding: Any, dilation: Any, groups: int, act: str, momentum: float) -> torch.Tensor:
+    """Conv2d, BatchNorm2d on its running statistics (eval mode: MOMENTUM only appears in the call), activation
+    (a name of CONV_ACTIVATIONS; a trailing _ runs it in place, as torchvision's inplace=True does)."""
+    h = F.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    h = F.batch_norm(h, running_mean, running_var, bn_weight, bn_bias, False, momentum, eps)
+    return CONV_ACTIVATIONS[act](h)
 
 
 # -- bindings -----------------------------------------------------------------------------------------------
@@ -156,6 +191,50 @@ def _mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterat
                     yield ("tensor", w1), ("tensor", b1), ("tensor", w2), ("tensor", b2), ("literal", act)
 
 
+def _conv_bn_act_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    """The one 4-D tensor is the conv weight; its submodule may hold a 1-D bias of out_channels; one other
+    submodule holds the norm: two 1-D parameters (weight, bias in either order) and two 1-D float buffers (the
+    running statistics, in either order) of out_channels, besides a 0-D counter. eps and momentum are the norm
+    submodule's floats in either role (momentum None is eager's 0.0); the conv's geometry is read from its
+    submodule as nn.Conv2d names it. Every proposal is only kept when the traces agree."""
+    weights = [p for p, t in tensors.items() if t.dim() == 4]
+    if len(weights) != 1 or not tensors[weights[0]].is_floating_point():
+        return
+    conv_path = weights[0].rpartition(".")[0]
+    out_channels = tensors[weights[0]].shape[0]
+    rest = {p: t for p, t in tensors.items() if p != weights[0] and t.dim() > 0}
+    if any(t.dim() != 1 or t.shape[0] != out_channels for t in rest.values()):
+        return
+    conv_bias = [p for p in rest if p.rpartition(".")[0] == conv_path]
+    norm_paths = {p.rpartition(".")[0] for p in rest if p not in conv_bias}
+    if len(conv_bias) > 1 or len(norm_paths) != 1:
+        return
+    norm_path = norm_paths.pop()
+    norm = module.get_submodule(norm_path)
+    prefix = f"{norm_path}." if norm_path else ""
+    params = [prefix + n for n, t in norm._parameters.items() if t is not None]
+    stats = [prefix + n for n, t in norm._buffers.items() if t is not None and t.dim() == 1]
+    if len(params) != 2 or len(stats) != 2 or len(params) + len(stats) + len(conv_bias) != len(rest):
+        return
+    conv = module.get_submodule(conv_path)
+    geometry = module_config(conv)
+    if not all(k in geometry for k in ("stride", "padding", "dilation", "groups")):
+        return
+    at = f"{conv_path}." if conv_path else ""
+    floats = [prefix + k for k in _float_attrs(norm)]
+    momentum_none = module_config(norm).get("momentum", 0) is None
+    bias: Arg = ("tensor", conv_bias[0]) if conv_bias else ("literal", None)
+    for act in CONV_ACTIVATIONS:
+        for eps in floats:
+            momenta: list[Arg] = [("attr", f) for f in floats if f != eps] + ([("literal", 0.0)] if momentum_none else [])
+            for momentum in momenta:
+                for w, b in itertools.permutations(params):
+                    for mean, var in itertools.permutations(stats):
+                        yield (("tensor", weights[0]), bias, ("tensor", w), ("tensor", b), ("tensor", mean),
+                               ("tensor", var), ("attr", eps), ("attr", at + "stride"), ("attr", at + "padding"),
+                               ("attr", at + "dilation"), ("attr", at + "groups"), ("literal", act), momentum)
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("rms_norm", "RMSNorm computed in float32, weight applied in the input's dtype (Llama, Qwen2, Mistral)",
            rms_norm, _rms_norm_bindings),
@@ -169,4 +248,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            mlp, _mlp_bindings),
     Family("linear_gelu", "Linear then GELU (BERT's and ViT's intermediate layers)", linear_gelu,
            _linear_gelu_bindings),
+    Family("conv_bn_act", "Conv2d, eval-mode BatchNorm2d, activation (ReLU, ReLU6, Hardswish, SiLU or none): "
+           "torchvision's Conv2dNormActivation (MobileNetV3, EfficientNet, RegNet)", conv_bn_act,
+           _conv_bn_act_bindings, prepared=7, shape_generic=True),
 )}

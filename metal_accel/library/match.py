@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from torch import nn
 
 from ..core.keys import class_path, module_config
 from ..runtime.dispatch import eager_forward, eager_only
-from .families import FAMILIES, Arg, Family, module_tensors
+from .families import FAMILIES, Arg, Family, attribute, module_tensors
 from .known import learn
 from .trace import TraceError, canonical_trace
 
@@ -32,15 +33,27 @@ class Match:
     arguments: tuple[Arg, ...]
 
     def glue(self) -> str:
-        """The candidate's forward: the family's host function called with this module's own attributes."""
-        parts = ["x"]
-        for kind, value in self.arguments:
-            parts.append(f"module.{value}" if kind in ("tensor", "attr") else repr(value))
-        return ("\n\nSHAPE_GENERIC = \"rows\"  # any leading dimensions of x: proven on several, one verdict for all\n"
-                f"\n\ndef forward(module, x):\n    return {self.family}({', '.join(parts)})\n")
+        """The candidate's forward: the family's host function called with this module's own attributes (and,
+        for a family with prepared arguments, the candidate's prepare() of them)."""
+        fam = FAMILIES[self.family]
+        parts = [f"{_access(value)}" if kind in ("tensor", "attr") else repr(value) for kind, value in self.arguments]
+        generic = ("SHAPE_GENERIC = \"rows\"  # any leading dimensions of x: proven on several, one verdict for all"
+                   if fam.shape_generic == "rows" else
+                   f"SHAPE_GENERIC = {fam.shape_generic!r}  # proven on other batch sizes too")
+        if not fam.prepared:
+            return f"\n\n{generic}\n\n\ndef forward(module, x):\n    return {self.family}({', '.join(['x'] + parts)})\n"
+        head, tail = parts[:fam.prepared], parts[fam.prepared:]
+        return (f"\n\n{generic}\n\n\ndef prepare(module):\n    return {self.family}_prepare({', '.join(head)})\n"
+                f"\n\ndef forward(module, x, *, prepared):\n    return {self.family}({', '.join(['x', 'prepared'] + tail)})\n")
+
+
+def _access(path: str) -> str:
+    """Host code reaching the module's attribute at dotted PATH: module.conv.weight, module[0].weight."""
+    return "module" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
 
 
 _memo: dict[str, Match | None] = {}
+_OP = re.compile(r"= ([\w.]+)\(")
 _lock = threading.Lock()
 
 
@@ -94,12 +107,28 @@ def _find(module: nn.Module, x: torch.Tensor, tensors: dict[str, torch.Tensor]) 
     except TraceError as exc:
         log.debug("metal_accel: library: %s not traced: %s", type(module).__name__, exc)
         return None
+    ops = _ops(mine)
+    unlike: set[tuple] = set()  # (family, non-tensor arguments) whose reference runs other ops than the module
     for fam, binding in candidates:
-        if _reference_text(fam, binding, module, x, tensors) == mine:
+        # which tensor or float attribute goes where changes no op of the references (only their arguments): one
+        # trace with other ops rules out the bindings that differ from it only there
+        shape = (fam.name, tuple(a if a[0] == "literal" else repr(attribute(module, a[1])) for a in binding
+                                 if a[0] == "literal" or a[0] == "attr" and type(attribute(module, a[1])) is not float))
+        if shape in unlike:
+            continue
+        text = _reference_text(fam, binding, module, x, tensors)
+        if text == mine:
             log.info("metal_accel: library: %s computes %s", class_path(type(module)), fam.name)
-            learn(class_path(type(module)), fam.name)
+            if type(module).__module__ != nn.Sequential.__module__:  # a container's children decide, not its class
+                learn(class_path(type(module)), fam.name)
             return Match(fam.name, binding)
+        if text is not None and _ops(text) != ops:
+            unlike.add(shape)
     return None
+
+
+def _ops(text: str) -> list[str]:
+    return _OP.findall(text)
 
 
 def _reference_text(fam: Family, binding: tuple[Arg, ...], module: nn.Module, x: torch.Tensor,
@@ -109,7 +138,7 @@ def _reference_text(fam: Family, binding: tuple[Arg, ...], module: nn.Module, x:
         if kind == "tensor":
             values.append(tensors[value])
         elif kind == "attr":
-            values.append(module_config(module)[value])
+            values.append(attribute(module, value))
         else:
             values.append(value)
     try:

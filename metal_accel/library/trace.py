@@ -74,6 +74,10 @@ def _canonical(gm: torch.fx.GraphModule, named: dict[str, torch.Tensor]) -> str:
             if role is None:  # a constant the code made (a table, a mask): its value decides
                 lines.append(f"{names[node]} = {_tensor_text(value)}")
         elif node.op == "call_function":
+            if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+                    and node.args[0] in names and isinstance(node.args[0].meta.get("val"), (tuple, list)):
+                names[node] = f"{names[node.args[0]]}[{node.args[1]}]"  # one result of a multi-output op
+                continue
             if _is_shape_arithmetic(node):
                 continue
             if node.target in _IDENTITY or _is_noop_dropout(node):

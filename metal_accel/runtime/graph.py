@@ -4,7 +4,8 @@ Where a module's GPU work is short, the time of a call is the host's: Python, dy
 one launch per kernel. Captured once into a CUDA graph, the whole call is one replay. The op copies
 the inputs into the graph's static buffers, replays, and returns clones of the outputs (a caller
 may keep them across calls). It re-captures when a parameter or buffer moved to other memory
-(a reassigned weight), and serializes calls, since the static buffers are shared.
+(a reassigned weight) or was changed in place (a kernel whose prepare() derived tensors from it: the replay
+reads those, not the parameter), and serializes calls, since the static buffers are shared.
 """
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .ops import ModuleLayout
 
 WARMUP_CALLS = 2  # on a side stream before capture, as torch.cuda.graphs' documentation asks
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return -1
 
 
 class GraphedOp:
@@ -32,13 +40,13 @@ class GraphedOp:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._inputs: list[torch.Tensor] = []
         self._out: Any = None
-        self._ptrs: list[int] = []
+        self._ptrs: list[tuple[int, int]] = []
         self.captures = 0
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
         with self._lock:
             live = self._layout.gather()
-            ptrs = [t.data_ptr() for t in live]
+            ptrs = [(t.data_ptr(), _version(t)) for t in live]
             if self._graph is None or ptrs != self._ptrs:
                 self._capture(args, kwargs, live, ptrs)
             tensors = call_tensors(args, kwargs)
@@ -50,7 +58,7 @@ class GraphedOp:
             self._graph.replay()
             return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self._out)
 
-    def _capture(self, args: tuple, kwargs: dict, state: list[torch.Tensor], ptrs: list[int]) -> None:
+    def _capture(self, args: tuple, kwargs: dict, state: list[torch.Tensor], ptrs: list[tuple[int, int]]) -> None:
         self._graph = None
         with torch.inference_mode(False):  # static buffers any later call may write into, in any mode
             static_args, static_kwargs = tree_map(_static_copy, (args, kwargs))

@@ -23,7 +23,7 @@ class ModuleView:
         self.__dict__.update(attrs)
 
     def __repr__(self) -> str:
-        return f"ModuleView({', '.join(sorted(self.__dict__))})"
+        return f"ModuleView({', '.join(sorted(k for k in self.__dict__ if not k.startswith('_')))})"
 
     def __getitem__(self, index: int) -> ModuleView:
         """A numbered child (nn.Sequential, nn.ModuleList), as module.downsample[0]; nothing else."""
@@ -79,6 +79,7 @@ def build_view(static: dict[str, dict[str, Any]], tensor_slots: list[tuple[str, 
         if path:
             parent, _, leaf = path.rpartition(".")
             setattr(views[parent], leaf, views[path])
+    views[""].__dict__["_state"] = state  # the whole state, for a candidate's prepare() (sandbox/host.py); private
     return views[""]
 
 

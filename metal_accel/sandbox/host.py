@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -86,8 +87,103 @@ def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False) -> d
 def load_forward(candidate_code: str, lib: Any, *, proof: bool = False, poison: bool = False
                  ) -> Callable[..., Any]:
     """Check the host code, run it in the restricted namespace and return its forward(); PROOF (or its
-    former name POISON): allocations give proof buffers (see build_namespace)."""
+    former name POISON): allocations give proof buffers (see build_namespace). A block that defines
+    prepare(module) gets a PreparedForward: the same call, with prepare's tensors made once per module state."""
     tree = strip_annotations(parse_and_check(candidate_code))
     ns = build_namespace(lib, proof=proof or poison)
     exec(compile(tree, "<candidate>", "exec"), ns)  # checked code, restricted globals
+    if "prepare" in ns:
+        return PreparedForward(ns["forward"], ns["prepare"], proof=proof or poison)
     return ns["forward"]
+
+
+class PreparedForward:
+    """forward(module, *args) of a block with prepare(module): what prepare derives from the module's state (BN
+    folded into conv weights) is made once and passed to every call as forward's `prepared`, in a proof as in
+    production. A state is the tensors of the module view (their identities and version counters): a reassigned
+    or updated tensor prepares again, and an entry goes when one of its tensors is freed. In a proof, every call
+    must leave the prepared tensors as prepare made them (a kernel that writes into them is rejected)."""
+
+    def __init__(self, forward: Callable[..., Any], prepare: Callable[[Any], Any], *, proof: bool = False) -> None:
+        self._forward = forward
+        self._prepare = prepare
+        self._proof = proof
+        self._entries: dict[tuple[int, ...], tuple[tuple[int, ...] | None, Any, Any]] = {}
+        self.prepares = 0  # how many times prepare ran (tests)
+
+    def __call__(self, module: Any, *args: Any, **kwargs: Any) -> Any:
+        value, pristine = self.prepared(module)
+        out = self._forward(module, *args, prepared=value, **kwargs)
+        if pristine is not None and not _same_tensors(value, pristine):
+            raise RuntimeError("the call changed the tensors its prepare() made")
+        return out
+
+    def prepared(self, module: Any) -> tuple[Any, Any]:
+        """(prepare(module) for the module's current state, its copy in a proof or None)."""
+        state = module.__dict__.get("_state")
+        if state is None:
+            state = view_tensors(module)
+        key = tuple(map(id, state))
+        versions = _versions(state)
+        entry = self._entries.get(key)
+        if entry is not None and versions is not None and entry[0] == versions:
+            return _resolve(entry[1], state), entry[2]
+        with torch.no_grad():
+            value = self._prepare(module)
+            pristine = _clone_tensors(value) if self._proof else None
+        self.prepares += 1
+        if entry is None:
+            for t in state:  # the entry holds no tensor of the module: it goes with the first of them freed
+                weakref.finalize(t, self._entries.pop, key, None)
+        self._entries[key] = (versions, _hold(value, {id(t): i for i, t in enumerate(state)}), pristine)
+        return value, pristine
+
+
+class _Slot(int):
+    """A prepared value that is one of the module's own tensors, kept as its index in the state (not held)."""
+
+
+def _hold(value: Any, slots: dict[int, int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Slot(slots[id(value)]) if id(value) in slots else value
+    return tuple(_hold(v, slots) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _resolve(held: Any, state: list[torch.Tensor]) -> Any:
+    if type(held) is tuple:
+        return tuple(_resolve(v, state) for v in held)
+    return state[held] if type(held) is _Slot else held
+
+
+def view_tensors(view: Any) -> list[torch.Tensor]:
+    """The tensors a module view holds, its children's included, in a fixed order."""
+    out: list[torch.Tensor] = []
+    for _, v in sorted((k, v) for k, v in vars(view).items() if not k.startswith("_")):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif hasattr(v, "__dict__") and not callable(v):
+            out.extend(view_tensors(v))
+    return out
+
+
+def _versions(state: list[torch.Tensor]) -> tuple[int, ...] | None:
+    """The tensors' version counters; None where one has none (an inference tensor): prepare on every call."""
+    try:
+        return tuple(t._version for t in state)
+    except RuntimeError:
+        return None
+
+
+def _clone_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return tuple(_clone_tensors(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _same_tensors(value: Any, pristine: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.shape == pristine.shape and value.dtype == pristine.dtype and torch.equal(
+            value.reshape(-1).view(torch.uint8), pristine.reshape(-1).view(torch.uint8))
+    if isinstance(value, (tuple, list)):
+        return all(_same_tensors(v, p) for v, p in zip(value, pristine))
+    return True

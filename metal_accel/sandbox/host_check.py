@@ -108,6 +108,11 @@ class _Checker:
             if not fn.args.args or fn.args.args[0].arg != "module":
                 raise SandboxError("forward signature", fn.lineno, "first parameter must be `module`")
         for fn in defs:
+            if fn.name == "prepare" and [p.arg for p in _params(fn)] != ["module"]:
+                raise SandboxError("prepare signature", fn.lineno, "prepare takes one parameter, `module`")
+            if fn.name == "prepare" and not all("prepared" in [p.arg for p in _params(f)] for f in forward):
+                raise SandboxError("forward signature", fn.lineno, "with prepare(), forward takes `prepared`")
+        for fn in defs:
             self._function(fn)
 
     def _check_binding(self, name: str, lineno: int) -> None:
