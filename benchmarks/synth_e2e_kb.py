@@ -188,12 +188,25 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
     accepted = sum(1 for r in rows if any(m.get("status") == "kernel" for m in r.get("report", {}).get("modules", [])))
     lost = sum(1 for a in attempts if str(a.get("outcome", "")).startswith(("malformed", "empty", "truncated")))
     cost = sum(float(a.get("cost_usd", 0.0)) for a in attempts)
+    records = [rec for r in rows for rec in r.get("synthesis", [])]
+    device = sum(float(rec.get("eval_s", 0.0)) + float(rec.get("prompt_s", 0.0)) for rec in records)
+    depth = max((1 + int(a.get("round", 0)) for a in attempts), default=0)
+    conversations = {(r.get("problem"), a.get("model"), a.get("sample")) for r in rows
+                     for rec in r.get("synthesis", []) for a in rec.get("attempts", [])}
     mean, peak = in_flight(script.served)
     return {"problems": len(rows), "accepted": accepted, "answers": len(attempts), "lost_to_format": lost,
             "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
             "in_flight_mean": mean, "in_flight_peak": peak,
             "per_kernel_usd": cost / accepted if accepted else float("nan"),
-            "outcomes": _outcomes(attempts), "drawn": dict(script.drawn)}
+            "outcomes": _outcomes(attempts), "drawn": dict(script.drawn),
+            "device_s_per_problem": device / len(rows) if rows else 0.0, "max_depth": depth,
+            "answers_per_conversation": len(attempts) / len(conversations) if conversations else 0.0}
+
+
+def extrapolated(f: dict[str, Any], answer_s: float, at_once: int) -> float:
+    """Problems per hour of one machine at the real answer latency (see render's note)."""
+    dev = max(f["device_s_per_problem"], 1e-9)
+    return min(3600.0 * at_once / (f["answers_per_conversation"] * answer_s + dev), 3600.0 / dev)
 
 
 def _outcomes(attempts: list[dict]) -> dict[str, int]:
@@ -311,5 +324,11 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         "- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each advertising "
         "the same device kind, so the problems are split between them; they share this machine's 2 cores, so "
         "the figure is the farm's overhead and overlap, not a scale-out.",
-        f"- One machine spent {one['wall_s']:.0f} s on {one['problems']} problems.",
+        f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one machine "
+        f"(building the prompt, compiling, proving, timing; one problem at a time on the device), conversations "
+        f"of {one['answers_per_conversation']:.1f} answers on average. At the uncompressed {args.answer_s:g} s per "
+        f"answer, {at_once} problems in flight would bound one machine at about "
+        f"{extrapolated(one, args.answer_s, at_once):.0f} problems per hour (a model, not a measurement: "
+        f"{at_once} x 3600 / (answers per conversation x latency + device s), and never more than 3600 / device s): "
+        "the LLM's latency, not the device, sets the pace, so more problems in flight (or more machines) pay.",
     ])
