@@ -144,7 +144,10 @@ def run_farm(problems: Sequence[Problem], models: Sequence[str], settings: Synth
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:  # no cluster there
+            raise FarmError(f"cannot join the Ray cluster at {address or 'this machine'}: {scrub(exc)}") from None
     t0 = time.monotonic()
     actors: list[Any] = []
     try:
