@@ -1,6 +1,10 @@
 """End-to-end LLM synthesis of the quickstart model's modules against a local scripted server.
 
     python benchmarks/synth_e2e.py [--latency 1.5] [--models 2] [--samples 2] [--no-write]
+    python benchmarks/synth_e2e.py --kernelbench [--limit 8] [--answer-s 60 --time-scale 0.02] [--no-write]
+
+The second form is the KernelBench-sized run, on one machine and on a 2-node local Ray cluster
+(benchmarks/synth_e2e_kb.py says what it does; it needs the farm extra: pip install 'metal-accel[farm]').
 
 No LLM is called: a local HTTP server speaks the OpenAI and Anthropic APIs (through the real SDKs)
 and answers each request after an artificial latency with the repository's CPU kernel for the
@@ -53,7 +57,18 @@ def main() -> int:
     parser.add_argument("--models", type=int, default=2, choices=(1, 2), help="1: openai only; 2: openai + anthropic")
     parser.add_argument("--samples", type=int, default=2, help="conversations per model and module")
     parser.add_argument("--no-write", action="store_true", help="print only; write no results file")
+    parser.add_argument("--kernelbench", action="store_true", help="the KernelBench-sized run (synth_e2e_kb.py)")
+    parser.add_argument("--limit", type=int, default=8, help="--kernelbench: at most this many problems")
+    parser.add_argument("--time-scale", type=float, default=0.02,
+                        help="--kernelbench: answer latencies are --answer-s times this")
+    parser.add_argument("--answer-s", type=float, default=60.0,
+                        help="--kernelbench: mean seconds per answer of the model the run stands for")
+    parser.add_argument("--max-tensor-mb", type=float, default=16.0,
+                        help="--kernelbench: batch_size halved until no tensor exceeds this")
     args = parser.parse_args()
+    if args.kernelbench:
+        from synth_e2e_kb import main as kernelbench_main
+        return kernelbench_main(args)
     os.environ["METAL_ACCEL_USER_CACHE"] = tempfile.mkdtemp(prefix="metal_accel_synth_bench_")
 
     import metal_accel

@@ -1,4 +1,4 @@
-"""`metal-accel cache export|import|verify`: move kernel caches between machines and apps."""
+"""`metal-accel cache export|import|verify|merge`: move kernel caches between machines and apps."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from pathlib import Path
 from ..store import cache as cache_mod
 from ..store.bundle import export_bundle, verify_bundle
 from ..store.cache import read_entry
+from ..store.merge import merge_bundles
 from ..store.manifest import unpack
 
 
@@ -51,6 +52,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0 if report.clean else 1
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    report = merge_bundles(args.sources, args.dest)
+    for line in report.conflicts:
+        print(f"conflict {line}")
+    for line in report.skipped:
+        print(f"skipped  {line}")
+    print(report.summary())
+    if report.bundle is not None:
+        print(f"lock (pin it with metal_accel.load_cache(path, sha256=...)): {report.bundle.lock}")
+    return 0 if not report.skipped else 1
+
+
 def add_parsers(csub: argparse._SubParsersAction) -> None:
     exp = csub.add_parser("export", help="write accepted entries to a bundle directory or .tar.gz")
     exp.add_argument("dest", help="a new directory, or a path ending in .tar.gz")
@@ -67,3 +80,8 @@ def add_parsers(csub: argparse._SubParsersAction) -> None:
     imp = csub.add_parser("import", help="copy a bundle's valid entries into the user cache")
     imp.add_argument("bundle")
     imp.set_defaults(fn=cmd_import)
+    mrg = csub.add_parser("merge", help="merge bundles (e.g. one per device kind) into one; see docs/farm.md for "
+                          "how entries of one key are resolved")
+    mrg.add_argument("dest", help="a new directory, or a path ending in .tar.gz")
+    mrg.add_argument("sources", nargs="+", help="bundle directories or .tar.gz files")
+    mrg.set_defaults(fn=cmd_merge)

@@ -1,4 +1,4 @@
-"""The `metal-accel` command: doctor, synth, cache ls|show|clear."""
+"""The `metal-accel` command: doctor, synth, cache ls|show|clear|export|import|verify|merge, bench, farm node."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,7 @@ from ..library import catalog as library_catalog
 from ..store import cache as cache_mod
 from . import bench as cli_bench
 from . import bundle as cli_bundle
+from . import farm as cli_farm
 from . import synth as cli_synth
 
 # Environment variables the LLM providers read; only their presence is ever reported.
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bundle.add_parsers(csub)
     cli_synth.add_parser(sub)
     cli_bench.add_parser(sub)
+    cli_farm.add_parser(sub)
     return p
 
 

@@ -21,6 +21,7 @@ from ..synth.lanes import lane_for
 from ..synth.loop import SynthesisLoop
 from ..synth.memo import RunJournal
 from ..synth.settings import SynthSettings
+from . import farm as cli_farm
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the reports as JSON lines")
     p.add_argument("--restart", action="store_true",
                    help="redo problems an earlier run of the same command finished (default: resume after them)")
+    cli_farm.add_synth_arguments(p)
     p.set_defaults(fn=cmd_synth)
 
 
@@ -103,6 +105,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if not problems:
         print(f"metal-accel synth: no problems in {args.path}", file=sys.stderr)
         return 1
+    if args.farm is not None:  # every problem on every device kind of a Ray cluster
+        return cli_farm.synth_on_farm(args, loop, problems)
     out = sys.stderr if args.json else sys.stdout
     journal = RunJournal(_identity(args, loop, backend.name))
     if args.restart:
