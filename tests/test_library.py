@@ -328,6 +328,56 @@ def test_one_proof_serves_every_leading_shape(fixture_kernels):
         torch.testing.assert_close(got, want)
 
 
+class BertTail(nn.Module):
+    """A BERT layer's attention output followed by a final norm: a two-input call and a plain nn.LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.models.bert.modeling_bert import BertSelfOutput
+        self.out = BertSelfOutput(BertConfig(hidden_size=96, intermediate_size=128, num_attention_heads=4))
+        self.ln_f = nn.LayerNorm(96)
+        with torch.no_grad():
+            for p in (self.out.LayerNorm.weight, self.out.LayerNorm.bias, self.ln_f.weight, self.ln_f.bias):
+                p.normal_(0.5, 0.3)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(self.out(h, residual))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_the_shipped_layer_norm_kernels_are_proven_for_two_input_calls(monkeypatch):
+    """The shipped CPU kernels through the library provider: BertSelfOutput(hidden, residual) gets the fused
+    add + LayerNorm, its glue taking both inputs; the proof sweeps both inputs' rows together, so another batch
+    and sequence length install it from the shape-generic key."""
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    model = BertTail().eval()
+    h, r = torch.randn(2, 7, 96), torch.randn(2, 7, 96)
+    with torch.inference_mode():
+        want = model(h, r)
+        metal_accel.optimize(model, (h, r), backend="cpu", margin=-0.9, end_to_end=False)
+        got = model(h, r)
+    rows = {m.name: m for m in metal_accel.explain(model).modules}
+    assert rows["out"].status == "kernel" and rows["out"].source == "library:linear_add_layer_norm", rows["out"]
+    # nn.LayerNorm's own CPU kernel is already one pass: proven (timed only after the proof), installed when faster
+    ln_f = rows["ln_f"]
+    assert ln_f.kernel_us is not None and not any("incorrect" in r for r in ln_f.rejected), ln_f
+    assert ln_f.status == "eager" or ln_f.source == "library:layer_norm"
+    torch.testing.assert_close(got, want)
+    from metal_accel.store import cache as cache_mod
+    swept = [v.details.get("sweep", {}).get("shapes") for e in cache_mod.user_cache().entries("cpu")
+             if e.candidate is not None and "linear_add_layer_norm" in e.candidate.origin for v in e.verdicts.values()]
+    assert [[1, 1, 96], [2, 15, 96]] in swept
+    h2, r2 = torch.randn(3, 4, 96), torch.randn(3, 4, 96)
+    with torch.inference_mode():
+        want = model(h2, r2)
+        metal_accel.optimize(model, (h2, r2), backend="cpu", margin=-0.9, end_to_end=False)
+        got = model(h2, r2)
+    row = next(m for m in metal_accel.explain(model).modules if m.name == "out")
+    assert row.status == "kernel" and "shape-generic, proven at 2x7x96" in row.source, row.source
+    torch.testing.assert_close(got, want)
+
+
 def test_catalog_and_doctor_say_which_kernels_apply_here(capsys, monkeypatch):
     from metal_accel.cli.main import main as cli_main
     from metal_accel.library.catalog import catalog
