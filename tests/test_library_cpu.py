@@ -44,8 +44,8 @@ def prove(tmp_path: Path, module: torch.nn.Module, x: torch.Tensor | tuple[torch
     folder = tmp_path / "cands" / "cpu"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{type(module).__name__}.py").write_text(text + "\n\n" + glue)
-    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False,
-                         bench_budget_s=0.1, progress=False, strict=True)
+    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), providers=[f"dir:{tmp_path / 'cands'}"],
+                         end_to_end=False, bench_budget_s=0.1, progress=False, strict=True)
     return next(m for m in metal_accel.explain(module).modules if m.name == type(module).__name__)
 
 

@@ -361,7 +361,7 @@ def test_linear_add_layer_norm_host(shape: tuple[int, ...], layout: str, dtype: 
 
 
 def test_layer_norm_hosts_fall_back_for_other_calls() -> None:
-    x, w, b = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((2, 3, 8), (8,), (8,)))
     torch.testing.assert_close(host("layer_norm")(x, w, b, 1e-6), FAMILIES["layer_norm"].reference(x, w, b, 1e-6))
     h, dw, db = torch.randn(2, 3, 8), torch.randn(8, 8), torch.randn(8)
     w32, b32 = w.float(), b.float()
@@ -376,8 +376,8 @@ def _prove(module: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], 
            tmp_path: Path, providers: list[str] | None = None) -> Any:
     import metal_accel
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / f"uc{len(list(tmp_path.iterdir()))}"))
-    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), backend="cuda", providers=providers, compile=False, end_to_end=False,
-                         bench_budget_s=0.2, library=providers is None)
+    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), backend="cuda", providers=providers,
+                         compile=False, end_to_end=False, bench_budget_s=0.2, library=providers is None)
     cls = type(module).__name__
     return [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)][0]
 

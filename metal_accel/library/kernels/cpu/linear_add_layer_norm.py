@@ -32,6 +32,13 @@ static inline uint16_t f32_to_bf16(float f) {
   return f != f ? (uint16_t)0x7fc0 : (uint16_t)r;
 }
 
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
+// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
+// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
+// back: float64's answer where eager's float32 variance overflows.
+static const float BIG = 281474976710656.0f, SMALL = 7.888609052210118e-31f;  // 2^48, 2^-100
+static const float SUM_SCALE = 2.3283064365386963e-10f, SUM_UNSCALE = 4294967296.0f;  // 2^-32, 2^32
+
 static inline float ld(const float* p, int i) { return p[i]; }
 static inline float ld(const uint16_t* p, int i) { return bf16_to_f32(p[i]); }
 static inline void st(float* p, int i, float v) { p[i] = v; }
@@ -40,20 +47,23 @@ static inline void st(uint16_t* p, int i, float v) { p[i] = f32_to_bf16(v); }
 // one row, in place: h = round_X(h + r), then h = (h - mean) * rstd * weight + bias
 template <typename X, typename W>
 static inline void add_ln_row(X* h, const X* r, const W* w, const W* b, int dim, float eps) {
-  float s = 0.0f;
-  #pragma omp simd reduction(+ : s)
+  float s = 0.0f, amax = 0.0f;
+  #pragma omp simd reduction(+ : s) reduction(max : amax)
   for (int i = 0; i < dim; ++i) {
     st(h, i, ld(h, i) + ld(r, i));  // the sum rounded to x's dtype, as eager's add stores it
-    s += ld(h, i);
+    s += ld(h, i) * SUM_SCALE;
+    const float a = std::fabs(ld(h, i));
+    amax = a > amax ? a : amax;
   }
-  const float mean = s / (float)dim;
+  const float mean = s / (float)dim * SUM_UNSCALE;
+  const float scale = amax > BIG ? SMALL : 1.0f;
   float q = 0.0f;
   #pragma omp simd reduction(+ : q)
   for (int i = 0; i < dim; ++i) {
-    const float d = ld(h, i) - mean;
+    const float d = (ld(h, i) - mean) * scale;
     q += d * d;
   }
-  const float rstd = 1.0f / std::sqrt(q / (float)dim + eps);
+  const float rstd = scale * (1.0f / std::sqrt(q / (float)dim + eps * scale * scale));
   const float shift = -mean * rstd;
   #pragma omp simd
   for (int i = 0; i < dim; ++i) st(h, i, (ld(h, i) * rstd + shift) * ld(w, i) + ld(b, i));

@@ -40,14 +40,44 @@ __device__ __forceinline__ float row_sum(float v, float* part) {
     return t;
 }
 
+// The row's sum (of elements scaled by 2^-32) and largest magnitude, reduced together: one barrier.
+__device__ __forceinline__ float2 row_sum_max(float s, float m, float2* part) {
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    const int wpr = blockDim.x >> 5;
+    if (wpr == 1) return make_float2(s, m);
+    const int base = threadIdx.y * wpr;
+    if ((threadIdx.x & 31) == 0) part[base + (threadIdx.x >> 5)] = make_float2(s, m);
+    __syncthreads();
+    float t = 0.0f, u = 0.0f;
+    for (int i = 0; i < wpr; ++i) {
+        t += part[base + i].x;
+        u = fmaxf(u, part[base + i].y);
+    }
+    return make_float2(t, u);
+}
+
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
+// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
+// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
+// back: float64's answer where eager's float32 variance overflows.
+#define BIG 281474976710656.0f      // 2^48
+#define SMALL 7.888609052210118e-31f  // 2^-100
+#define SUM_SCALE 2.3283064365386963e-10f  // 2^-32
+#define SUM_UNSCALE 4294967296.0f  // 2^32
+
 // y = (s - mean) * rstd * w + b over each row s, with mean and the biased variance of s in float, rstd =
-// rsqrt(var + eps), the row held in registers as T (D / V <= NV * blockDim.x, blockDim.x * blockDim.y <= 512). ADD: s = round_T(x + r) and y == x
-// (in place: every element is read into registers before any is written); else s = x. Rows (and w, b, r, y) are
+// rsqrt(var + eps), the row held in registers as T (D / V <= NV * blockDim.x, blockDim.x * blockDim.y <= 512).
+// ADD: s = round_T(x + r) and y == x (in place: every element is read into registers before any is written);
+// else s = x. Rows (and w, b, r, y) are
 // V-element aligned: D % V == 0 and 16-byte aligned bases where V > 1.
 template <typename T, typename W, int V, bool ADD>
 __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restrict__ w, const W* __restrict__ b,
                                         T* y, long long rows, int D, float eps) {
-    __shared__ float part_mean[32], part_var[32];
+    __shared__ float2 part_mean[32];
+    __shared__ float part_var[32];
     const long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     const bool live = row < rows;
     const int P = D / V;
@@ -55,7 +85,7 @@ __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restr
     const Pack<T, V>* xr = reinterpret_cast<const Pack<T, V>*>(x + off);
     const Pack<T, V>* rr = reinterpret_cast<const Pack<T, V>*>((ADD ? r : x) + off);
     Pack<T, V> v[NV];
-    float s = 0.0f;
+    float s = 0.0f, m = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
         const int p = threadIdx.x + k * blockDim.x;
@@ -67,10 +97,15 @@ __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restr
                 for (int e = 0; e < V; ++e) v[k].v[e] = from_f<T>(to_f(v[k].v[e]) + to_f(a.v[e]));
             }
 #pragma unroll
-            for (int e = 0; e < V; ++e) s += to_f(v[k].v[e]);
+            for (int e = 0; e < V; ++e) {
+                const float f = to_f(v[k].v[e]);
+                s += f * SUM_SCALE;
+                m = fmaxf(m, fabsf(f));
+            }
         }
     }
-    const float mean = row_sum(s, part_mean) / (float)D;
+    const float2 sm = row_sum_max(s, m, part_mean);
+    const float mean = sm.x / (float)D * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
     float q = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -78,12 +113,12 @@ __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restr
         if (live && p < P) {
 #pragma unroll
             for (int e = 0; e < V; ++e) {
-                const float d = to_f(v[k].v[e]) - mean;
+                const float d = (to_f(v[k].v[e]) - mean) * scale;
                 q += d * d;
             }
         }
     }
-    const float rstd = rsqrtf(row_sum(q, part_var) / (float)D + eps);
+    const float rstd = scale * rsqrtf(row_sum(q, part_var) / (float)D + eps * scale * scale);
     if (!live) return;
     const Pack<W, V>* wp = reinterpret_cast<const Pack<W, V>*>(w);
     const Pack<W, V>* bp = reinterpret_cast<const Pack<W, V>*>(b);
@@ -95,7 +130,8 @@ __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restr
             const Pack<W, V> g = wp[p], c = bp[p];
             Pack<T, V> o;
 #pragma unroll
-            for (int e = 0; e < V; ++e) o.v[e] = from_f<T>(to_f(g.v[e]) * ((to_f(v[k].v[e]) - mean) * rstd) + to_f(c.v[e]));
+            for (int e = 0; e < V; ++e)
+                o.v[e] = from_f<T>(to_f(g.v[e]) * ((to_f(v[k].v[e]) - mean) * rstd) + to_f(c.v[e]));
             yr[p] = o;
         }
     }
@@ -106,9 +142,10 @@ __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restr
 template <typename T, typename W, bool ADD>
 __device__ __forceinline__ void ln_wide(const T* x, const T* r, const W* __restrict__ w, const W* __restrict__ b,
                                         T* y, int D, float eps) {
-    __shared__ float part_mean[32], part_var[32];
+    __shared__ float2 part_mean[32];
+    __shared__ float part_var[32];
     const long long off = (long long)blockIdx.x * D;
-    float s = 0.0f;
+    float s = 0.0f, m = 0.0f;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
         float f = to_f(x[off + j]);
         if (ADD) {
@@ -116,63 +153,90 @@ __device__ __forceinline__ void ln_wide(const T* x, const T* r, const W* __restr
             y[off + j] = t;
             f = to_f(t);
         }
-        s += f;
+        s += f * SUM_SCALE;
+        m = fmaxf(m, fabsf(f));
     }
     const T* src = ADD ? y : x;
-    const float mean = row_sum(s, part_mean) / (float)D;
+    const float2 sm = row_sum_max(s, m, part_mean);
+    const float mean = sm.x / (float)D * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
     float q = 0.0f;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        const float d = to_f(src[off + j]) - mean;
+        const float d = (to_f(src[off + j]) - mean) * scale;
         q += d * d;
     }
-    const float rstd = rsqrtf(row_sum(q, part_var) / (float)D + eps);
+    const float rstd = scale * rsqrtf(row_sum(q, part_var) / (float)D + eps * scale * scale);
     for (int j = threadIdx.x; j < D; j += blockDim.x)
         y[off + j] = from_f<T>(to_f(w[j]) * ((to_f(src[off + j]) - mean) * rstd) + to_f(b[j]));
 }
 
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f32(float* h, const float* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f32(
+    float* h, const float* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<float, float, 4, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f32(float* h, const float* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_one_f32(
+    float* h, const float* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<float, float, 1, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f32(float* h, const float* r, const float* w, const float* b, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f32(
+    float* h, const float* r, const float* w, const float* b, int D, float eps) {
     ln_wide<float, float, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16(__half* h, const __half* r, const __half* w, const __half* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16(
+    __half* h, const __half* r, const __half* w, const __half* b,
+    long long rows, int D, float eps) {
     ln_rows<__half, __half, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16(__half* h, const __half* r, const __half* w, const __half* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16(
+    __half* h, const __half* r, const __half* w, const __half* b,
+    long long rows, int D, float eps) {
     ln_rows<__half, __half, 1, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16(__half* h, const __half* r, const __half* w, const __half* b, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16(
+    __half* h, const __half* r, const __half* w, const __half* b, int D, float eps) {
     ln_wide<__half, __half, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16(__nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b,
+    long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, __nv_bfloat16, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16(__nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b,
+    long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, __nv_bfloat16, 1, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16(__nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b, int D, float eps) {
     ln_wide<__nv_bfloat16, __nv_bfloat16, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16_f32(__half* h, const __half* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16_f32(
+    __half* h, const __half* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<__half, float, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16_f32(__half* h, const __half* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16_f32(
+    __half* h, const __half* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<__half, float, 1, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16_f32(__half* h, const __half* r, const float* w, const float* b, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16_f32(
+    __half* h, const __half* r, const float* w, const float* b, int D, float eps) {
     ln_wide<__half, float, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16_f32(__nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16_f32(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, float, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16_f32(__nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b, long long rows, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16_f32(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b,
+    long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, float, 1, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16_f32(__nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b, int D, float eps) {
+extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16_f32(
+    __nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b, int D, float eps) {
     ln_wide<__nv_bfloat16, float, true>(h, r, w, b, h, D, eps);
 }
 """

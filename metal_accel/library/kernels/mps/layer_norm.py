@@ -20,44 +20,74 @@ inline float group_sum(float v, threadgroup float* part, uint lane, uint sg, uin
     return t;
 }
 
+// The threadgroup's sum and largest value of (s, m), reduced together: one barrier.
+inline float2 group_sum_max(float s, float m, threadgroup float2* part, uint lane, uint sg, uint nsg) {
+    s = simd_sum(s);
+    m = simd_max(m);
+    if (lane == 0) part[sg] = float2(s, m);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float2 t = float2(0.0f, 0.0f);
+    for (uint i = 0; i < nsg; ++i) t = float2(t.x + part[i].x, fmax(t.y, part[i].y));
+    return t;
+}
+
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
+// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
+// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
+// back: float64's answer where eager's float32 variance overflows.
+constant float BIG = 281474976710656.0f;      // 2^48
+constant float SMALL = 7.888609052210118e-31f;  // 2^-100
+constant float SUM_SCALE = 2.3283064365386963e-10f;  // 2^-32
+constant float SUM_UNSCALE = 4294967296.0f;  // 2^32
+
 // One threadgroup per row of x (D elements of T); w, b: D of W; y: rows of T, contiguous. mean and the biased
 // variance in float (two passes over the row, the second from cache), y = (x - mean) * rsqrt(var + eps) * w + b in
 // float, rounded once to T. vec_ok != 0: D % 4 == 0 and every row starts 16-byte aligned (offsets multiples of 4).
 template <typename T, typename W>
-kernel void layer_norm(device const T* x [[buffer(0)]], device const W* w [[buffer(1)]], device const W* b [[buffer(2)]],
-                       device T* y [[buffer(3)]], constant uint& D [[buffer(4)]], constant float& eps [[buffer(5)]],
-                       constant uint& vec_ok [[buffer(6)]],
+kernel void layer_norm(device const T* x [[buffer(0)]], device const W* w [[buffer(1)]],
+                       device const W* b [[buffer(2)]], device T* y [[buffer(3)]], constant uint& D [[buffer(4)]],
+                       constant float& eps [[buffer(5)]], constant uint& vec_ok [[buffer(6)]],
                        uint row [[threadgroup_position_in_grid]], uint tid [[thread_position_in_threadgroup]],
                        uint tpg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                        uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
-    threadgroup float part_mean[32];
+    threadgroup float2 part_mean[32];
     threadgroup float part_var[32];
     device const T* xr = x + (ulong)row * D;
     device T* yr = y + (ulong)row * D;
     float s = 0.0f;
+    float m = 0.0f;
     float q = 0.0f;
     if (vec_ok != 0) {
         const uint n4 = D / 4;
         device const vec<T, 4>* x4 = (device const vec<T, 4>*)xr;
         for (uint j = tid; j < n4; j += tpg) {
-            const float4 v = float4(x4[j]);
+            const float4 f = float4(x4[j]);
+            const float4 v = f * SUM_SCALE;
             s += (v.x + v.y) + (v.z + v.w);
+            m = fmax(m, fmax(fmax(abs(f.x), abs(f.y)), fmax(abs(f.z), abs(f.w))));
         }
-        const float mean = group_sum(s, part_mean, lane, sg, nsg) / float(D);
+        const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
+        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
         for (uint j = tid; j < n4; j += tpg) {
-            const float4 d = float4(x4[j]) - mean;
+            const float4 d = (float4(x4[j]) - mean) * scale;
             q += (d.x * d.x + d.y * d.y) + (d.z * d.z + d.w * d.w);
         }
-        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
+        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
         device const vec<W, 4>* w4 = (device const vec<W, 4>*)w;
         device const vec<W, 4>* b4 = (device const vec<W, 4>*)b;
         device vec<T, 4>* y4 = (device vec<T, 4>*)yr;
-        for (uint j = tid; j < n4; j += tpg) y4[j] = vec<T, 4>(float4(w4[j]) * ((float4(x4[j]) - mean) * rstd) + float4(b4[j]));
+        for (uint j = tid; j < n4; j += tpg)
+            y4[j] = vec<T, 4>(float4(w4[j]) * ((float4(x4[j]) - mean) * rstd) + float4(b4[j]));
     } else {
-        for (uint j = tid; j < D; j += tpg) s += float(xr[j]);
-        const float mean = group_sum(s, part_mean, lane, sg, nsg) / float(D);
-        for (uint j = tid; j < D; j += tpg) { const float d = float(xr[j]) - mean; q += d * d; }
-        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
+        for (uint j = tid; j < D; j += tpg) {
+            const float f = float(xr[j]);
+            s += f * SUM_SCALE;
+            m = fmax(m, abs(f));
+        }
+        const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
+        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
+        for (uint j = tid; j < D; j += tpg) { const float d = (float(xr[j]) - mean) * scale; q += d * d; }
+        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
         for (uint j = tid; j < D; j += tpg) yr[j] = T(float(w[j]) * ((float(xr[j]) - mean) * rstd) + float(b[j]));
     }
 }

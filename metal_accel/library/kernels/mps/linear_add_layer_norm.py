@@ -20,23 +20,45 @@ inline float group_sum(float v, threadgroup float* part, uint lane, uint sg, uin
     return t;
 }
 
+// The threadgroup's sum and largest value of (s, m), reduced together: one barrier.
+inline float2 group_sum_max(float s, float m, threadgroup float2* part, uint lane, uint sg, uint nsg) {
+    s = simd_sum(s);
+    m = simd_max(m);
+    if (lane == 0) part[sg] = float2(s, m);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float2 t = float2(0.0f, 0.0f);
+    for (uint i = 0; i < nsg; ++i) t = float2(t.x + part[i].x, fmax(t.y, part[i].y));
+    return t;
+}
+
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
+// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
+// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
+// back: float64's answer where eager's float32 variance overflows.
+constant float BIG = 281474976710656.0f;      // 2^48
+constant float SMALL = 7.888609052210118e-31f;  // 2^-100
+constant float SUM_SCALE = 2.3283064365386963e-10f;  // 2^-32
+constant float SUM_UNSCALE = 4294967296.0f;  // 2^32
+
 // One threadgroup per row of h (the GEMM's output, D elements of T), in place: h = T(h + r) (the sum rounded to T, as
 // eager's add stores it), then h = (h - mean) * rsqrt(var + eps) * w + b with the mean and the biased variance in
 // float, rounded once to T. Every element is read and written by one thread only (the same j in each pass), so the
 // passes need no barrier but the reductions'. r: rows of T like h; w, b: D of W. vec_ok != 0: D % 4 == 0 and every
 // row starts 16-byte aligned (offsets multiples of 4).
 template <typename T, typename W>
-kernel void add_layer_norm(device T* h [[buffer(0)]], device const T* r [[buffer(1)]], device const W* w [[buffer(2)]],
-                           device const W* b [[buffer(3)]], constant uint& D [[buffer(4)]],
-                           constant float& eps [[buffer(5)]], constant uint& vec_ok [[buffer(6)]],
+kernel void add_layer_norm(device T* h [[buffer(0)]], device const T* r [[buffer(1)]],
+                           device const W* w [[buffer(2)]], device const W* b [[buffer(3)]],
+                           constant uint& D [[buffer(4)]], constant float& eps [[buffer(5)]],
+                           constant uint& vec_ok [[buffer(6)]],
                            uint row [[threadgroup_position_in_grid]], uint tid [[thread_position_in_threadgroup]],
                            uint tpg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                            uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
-    threadgroup float part_mean[32];
+    threadgroup float2 part_mean[32];
     threadgroup float part_var[32];
     device T* hr = h + (ulong)row * D;
     device const T* rr = r + (ulong)row * D;
     float s = 0.0f;
+    float m = 0.0f;
     float q = 0.0f;
     if (vec_ok != 0) {
         const uint n4 = D / 4;
@@ -45,27 +67,33 @@ kernel void add_layer_norm(device T* h [[buffer(0)]], device const T* r [[buffer
         for (uint j = tid; j < n4; j += tpg) {
             const vec<T, 4> t = vec<T, 4>(float4(h4[j]) + float4(r4[j]));
             h4[j] = t;
-            const float4 v = float4(t);
+            const float4 f = float4(t);
+            const float4 v = f * SUM_SCALE;
             s += (v.x + v.y) + (v.z + v.w);
+            m = fmax(m, fmax(fmax(abs(f.x), abs(f.y)), fmax(abs(f.z), abs(f.w))));
         }
-        const float mean = group_sum(s, part_mean, lane, sg, nsg) / float(D);
+        const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
+        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
         for (uint j = tid; j < n4; j += tpg) {
-            const float4 d = float4(h4[j]) - mean;
+            const float4 d = (float4(h4[j]) - mean) * scale;
             q += (d.x * d.x + d.y * d.y) + (d.z * d.z + d.w * d.w);
         }
-        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
+        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
         device const vec<W, 4>* w4 = (device const vec<W, 4>*)w;
         device const vec<W, 4>* b4 = (device const vec<W, 4>*)b;
-        for (uint j = tid; j < n4; j += tpg) h4[j] = vec<T, 4>(float4(w4[j]) * ((float4(h4[j]) - mean) * rstd) + float4(b4[j]));
+        for (uint j = tid; j < n4; j += tpg)
+            h4[j] = vec<T, 4>(float4(w4[j]) * ((float4(h4[j]) - mean) * rstd) + float4(b4[j]));
     } else {
         for (uint j = tid; j < D; j += tpg) {
             const T t = T(float(hr[j]) + float(rr[j]));
             hr[j] = t;
-            s += float(t);
+            s += float(t) * SUM_SCALE;
+            m = fmax(m, abs(float(t)));
         }
-        const float mean = group_sum(s, part_mean, lane, sg, nsg) / float(D);
-        for (uint j = tid; j < D; j += tpg) { const float d = float(hr[j]) - mean; q += d * d; }
-        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
+        const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
+        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
+        for (uint j = tid; j < D; j += tpg) { const float d = (float(hr[j]) - mean) * scale; q += d * d; }
+        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
         for (uint j = tid; j < D; j += tpg) hr[j] = T(float(w[j]) * ((float(hr[j]) - mean) * rstd) + float(b[j]));
     }
 }
