@@ -420,26 +420,39 @@ def test_the_library_page_lists_the_kernels_that_ship():
 
 def _zoo_modules() -> dict[str, nn.Module]:
     from transformers import ViTConfig
+    from transformers.models.bert.modeling_bert import BertOutput
     from transformers.models.vit.modeling_vit import ViTMLP
     llama = LlamaConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4, num_key_value_heads=2)
     return {"rms_norm": LlamaRMSNorm(48), "gated_mlp": LlamaMLP(llama), "gelu_tanh": NewGELUActivation(),
             "gpt2_mlp": GPT2MLP(100, GPT2Config(n_embd=48)),
             "linear_gelu": BertIntermediate(BertConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4)),
-            "mlp": ViTMLP(ViTConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4))}
+            "mlp": ViTMLP(ViTConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4)),
+            "layer_norm": _affine(nn.LayerNorm(48)),
+            "linear_add_layer_norm": BertOutput(BertConfig(hidden_size=48, intermediate_size=100,
+                                                           num_attention_heads=4))}
+
+
+def _affine(ln: nn.LayerNorm) -> nn.LayerNorm:
+    with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+        ln.weight.normal_(1.0, 0.3)
+        ln.bias.normal_(0.0, 0.3)
+    return ln
 
 
 @pytest.mark.slow
 @pytest.mark.needs_cxx
-@pytest.mark.parametrize("family", ["rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp"])
+@pytest.mark.parametrize("family", ["rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp",
+                                    "layer_norm", "linear_add_layer_norm"])
 def test_every_shipped_metal_kernel_is_proven_through_the_library(family, monkeypatch):
     """The shipped Metal kernels, matched, bound and proven by the library itself on the emulated device."""
     monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
     model = _zoo_modules()[family].eval()
-    x = torch.randn(2, 5, 48)
+    two = family == "linear_add_layer_norm"  # BertOutput(hidden_states, input_tensor)
+    xs = (torch.randn(2, 5, 100), torch.randn(2, 5, 48)) if two else (torch.randn(2, 5, 48),)
     with torch.inference_mode():
-        want = model(x)
-        metal_accel.optimize(model, (x,), backend="mps-emu", end_to_end=False)
-        got = model(x)
+        want = model(*xs)
+        metal_accel.optimize(model, xs, backend="mps-emu", end_to_end=False)
+        got = model(*xs)
     row = next(m for m in metal_accel.explain(model).modules if m.name == type(model).__name__)
     assert row.status == "kernel" and row.source == f"library:{family}", (row.reason, row.rejected)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
