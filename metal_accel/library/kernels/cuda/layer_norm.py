@@ -71,8 +71,7 @@ __device__ __forceinline__ float2 row_sum_max(float s, float m, float2* part) {
 // y = (s - mean) * rstd * w + b over each row s, with mean and the biased variance of s in float, rstd =
 // rsqrt(var + eps), the row held in registers as T (D / V <= NV * blockDim.x, blockDim.x * blockDim.y <= 512).
 // ADD: s = round_T(x + r) and y == x (in place: every element is read into registers before any is written);
-// else s = x. Rows (and w, b, r, y) are
-// V-element aligned: D % V == 0 and 16-byte aligned bases where V > 1.
+// else s = x. Rows (and w, b, r, y) are V-element aligned: D % V == 0 and 16-byte aligned bases where V > 1.
 template <typename T, typename W, int V, bool ADD>
 __device__ __forceinline__ void ln_rows(const T* x, const T* r, const W* __restrict__ w, const W* __restrict__ b,
                                         T* y, long long rows, int D, float eps) {
