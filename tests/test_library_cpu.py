@@ -386,6 +386,26 @@ def test_layer_norm_wrong_variant_rejected(tmp_path, dtype):
     assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), dtype), wrong, GLUE_LN))
 
 
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_rows_where_float32_moments_break_down():
+    """Rows of huge values (squares overflow float32) and constant rows (variance exactly 0): the kernel gives
+    float64's answer, in-process (eager's own float32 kernel gives NaN on some of them)."""
+    from metal_accel.backends import get_backend
+    from metal_accel.sandbox.host import load_forward
+    cand = parse_candidate(kernel_file("layer_norm") + "\n\n" + GLUE_LN, "cpu", "layer_norm")
+    forward = load_forward(cand.code, get_backend("cpu").compile(cand.source))
+    for D in (37, 64, 768):
+        m = _layer_norm(D, torch.float32)
+        x = torch.randn(4, D)
+        big = torch.finfo(torch.float32).max / 4
+        x[0, :5], x[1, :5], x[2], x[3, ::2] = big, -big, 2.75, 1e30
+        want = torch.nn.functional.layer_norm(x.double(), (D,), m.weight.double(), m.bias.double(), m.eps)
+        with torch.inference_mode():
+            got = forward(m, x)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ linear_add_layer_norm
 
 GLUE_ADD_LN = ("def forward(module, x, residual):\n    return linear_add_layer_norm(x, residual, module.dense.weight, "
