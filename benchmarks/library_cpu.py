@@ -36,12 +36,20 @@ GLUE = {
                  "module.c_proj.weight, module.c_proj.bias)\n"),
     "linear_gelu": ("def forward(module, x):\n    return linear_gelu(x, module.dense.weight, module.dense.bias, "
                     "'none')\n"),
+    "layer_norm": "def forward(module, x):\n    return layer_norm(x, module.weight, module.bias, module.eps)\n",
+    "linear_add_layer_norm": ("def forward(module, x, residual):\n    return linear_add_layer_norm(x, residual, "
+                              "module.dense.weight, module.dense.bias, module.LayerNorm.weight, module.LayerNorm.bias, "
+                              "module.LayerNorm.eps)\n"),
 }
+# families whose call takes a residual of the output's width besides x (the module's second argument)
+RESIDUAL = {"linear_add_layer_norm"}
 
 # realistic sizes per family: a prefill of 128 tokens; MLPs also one decode token (GEMV-bound)
 HIDDEN = {"rms_norm": [256, 1024, 2048], "gated_mlp": [256, 512, 1024], "gelu_tanh": [1024, 4096, 8192],
-          "gpt2_mlp": [256, 512, 1024], "linear_gelu": [256, 512, 1024]}
-SEQ = {"rms_norm": [1, 128], "gated_mlp": [1, 128], "gelu_tanh": [128], "gpt2_mlp": [1, 128], "linear_gelu": [1, 128]}
+          "gpt2_mlp": [256, 512, 1024], "linear_gelu": [256, 512, 1024], "layer_norm": [768, 2048],
+          "linear_add_layer_norm": [768, 2048]}
+SEQ = {"rms_norm": [1, 128], "gated_mlp": [1, 128], "gelu_tanh": [128], "gpt2_mlp": [1, 128], "linear_gelu": [1, 128],
+       "layer_norm": [1, 128], "linear_add_layer_norm": [1, 128]}
 
 # conv_bn_act: (label, in, out, kernel, stride, groups, activation, input H = W) of MobileNetV3-Large's,
 # EfficientNet-B0's and ResNet-50's Conv-BN-act layers at 224x224; its glue is the library's own (match_call)
@@ -78,6 +86,16 @@ def modules(family: str, hidden: int, dtype: Any) -> list[tuple[str, Any, str]]:
     elif family == "gpt2_mlp":
         cfg = GPT2Config(n_embd=hidden)
         out = [("GPT2MLP", GPT2MLP(4 * hidden, cfg), glue)]
+    elif family == "layer_norm":
+        m = torch.nn.LayerNorm(hidden)
+        with torch.no_grad():
+            m.weight.normal_(1.0, 0.1)
+            m.bias.normal_(0.0, 0.1)
+        out = [("LayerNorm", m, glue)]
+    elif family == "linear_add_layer_norm":
+        from transformers.models.bert.modeling_bert import BertOutput, BertSelfOutput
+        cfg = BertConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=1)
+        out = [("BertSelfOutput", BertSelfOutput(cfg), glue), ("BertOutput", BertOutput(cfg), glue)]
     else:
         out = []
         for act, approximate in (("gelu", "none"), ("gelu_pytorch_tanh", "tanh")):
@@ -109,17 +127,17 @@ def conv_modules(dtype: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
     return out
 
 
-def library_glue(module: Any, x: Any) -> str:
-    """The glue the library itself generates for MODULE on X (its match, by traced computation)."""
+def library_glue(module: Any, inputs: tuple) -> str:
+    """The glue the library itself generates for MODULE on INPUTS (its match, by traced computation)."""
     from metal_accel.library.match import match_call
-    found = match_call(module, (x,), {})
+    found = match_call(module, tuple(inputs), {})
     if found is None:
         raise SystemExit(f"{type(module).__name__} did not match a library family")
     return found.glue()
 
 
 def kernel_forward(family: str, glue: str) -> Callable[..., Any]:
-    """forward(module, x) of the family's kernel file with GLUE, compiled and loaded in this process."""
+    """forward(module, x[, residual]) of the family's kernel file with GLUE, compiled and loaded in this process."""
     from metal_accel.backends import get_backend
     from metal_accel.core.candidate import parse_candidate
     from metal_accel.sandbox.host import load_forward
@@ -138,25 +156,30 @@ def bench_case(family: str, label: str, module: Any, glue: str, shape: tuple[int
     from metal_accel.runtime.ops import ModuleLayout
 
     gen = torch.Generator().manual_seed(1)
-    inputs = [((torch.randn(shape, generator=gen).to(dtype),), {}) for _ in range(4)]
-    fwd = kernel_forward(family, glue or library_glue(module, inputs[0][0][0]))
+    width = module.dense.in_features if family in RESIDUAL else shape[-1]  # BertOutput: x is the intermediate's
+
+    def draw() -> tuple:
+        x = torch.randn(*shape[:-1], width, generator=gen).to(dtype)
+        return (x, torch.randn(shape, generator=gen).to(dtype)) if family in RESIDUAL else (x,)
+    inputs = [(draw(), {}) for _ in range(4)]
+    fwd = kernel_forward(family, glue or library_glue(module, inputs[0][0]))
     layout = ModuleLayout(module)
     view = layout.view(layout.gather())  # what an installed kernel's host code gets as `module` (kept while unchanged)
 
-    def eager(x: Any) -> Any:
+    def eager(*xs: Any) -> Any:
         with metal_accel.eager():
-            return module(x)
+            return module(*xs)
 
-    def kernel(x: Any) -> Any:
-        return fwd(view, x)
+    def kernel(*xs: Any) -> Any:
+        return fwd(view, *xs)
 
     with torch.inference_mode():
-        (x,), _ = inputs[0]
-        ref, got = eager(x), kernel(x)
+        xs, _ = inputs[0]
+        ref, got = eager(*xs), kernel(*xs)
         err = ((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
         t0 = time.perf_counter()
         for _ in range(3):
-            eager(x)
+            eager(*xs)
         per_call = (time.perf_counter() - t0) / 3
         pairs = int(max(30, min(200, budget_s / (2 * per_call))))  # slow calls (big GEMMs): fewer pairs
         r = compare_speed(eager, kernel, inputs, margin=0.0, min_reps=pairs, max_reps=2000, budget_s=budget_s)

@@ -1,7 +1,8 @@
 """Prove and time the shipped library's CUDA kernels (metal_accel/library/kernels/cuda/) on the real transformers
 modules they serve, and measure the DRAM bandwidth the memory-bound ones reach against a copy.
 
-    python benchmarks/library_cuda.py [--json out.json] [--deadline 240] [--only LlamaMLP] [--dtypes fp32,bf16]
+    python benchmarks/library_cuda.py [--json out.json] [--deadline 240] [--only LlamaMLP,LayerNorm]
+        [--dtypes fp32,bf16]
     python benchmarks/library_cuda.py --only ConvBnAct --no-bandwidth   # the CNN layers (conv_bn_act) alone
 
 Each case is one module and input: optimize(backend="cuda") from an empty user cache, with the library as the
@@ -10,10 +11,12 @@ only provider, so the real matcher binds the module to its family, generates the
 Per case the JSON holds the pipeline's verdict and per-call times (eager_us, kernel_us: latency of one call, as the
 pipeline decides), a second check of the installed module on another number of rows, and throughput times of
 eager and the kernel's forward called directly, back to back between two CUDA events (tp_eager_us, tp_kernel_us).
-The bandwidth rows time rms_norm and gelu_tanh at a large shape (--rows x --width) against dst.copy_(src) of the
-input's size in the same run: bytes moved are the input, output and weight once. Cases run in priority order and
-stop at --deadline seconds (what ran is written after every case). Needs a CUDA GPU and transformers (the
-ConvBnAct cases build torchvision's Conv2dNormActivation computation by hand: no torchvision needed).
+Modules called with a residual (BertSelfOutput, BertOutput: `module(hidden_states, input_tensor)`) get both
+inputs, the residual of the output's width. The bandwidth rows time rms_norm, layer_norm and gelu_tanh at a large
+shape (--rows x --width) against dst.copy_(src) of the input's size in the same run: bytes moved are the input,
+output and weights once. Cases run in priority order and stop at --deadline seconds (what ran is written after
+every case). Needs a CUDA GPU and transformers (the ConvBnAct cases build torchvision's Conv2dNormActivation
+computation by hand: no torchvision needed).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
     import torch
     from transformers import BertConfig, GPT2Config, LlamaConfig, T5Config, ViTConfig
     from transformers.activations import NewGELUActivation
-    from transformers.models.bert.modeling_bert import BertIntermediate
+    from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput, BertSelfOutput
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
     from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
@@ -63,6 +66,25 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
     def vit(act: str) -> Callable[[], Any]:
         return lambda: ViTMLP(ViTConfig(hidden_size=768, intermediate_size=3072, hidden_act=act))
 
+    def ln(width: int) -> Callable[[], Any]:
+        def make() -> Any:
+            m = torch.nn.LayerNorm(width, eps=1e-5)
+            with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+                m.weight.normal_(1.0, 0.3)
+                m.bias.normal_(0.0, 0.3)
+            return m
+        return make
+
+    def bert_out(cls: Any, hidden: int, inner: int) -> Callable[[], Any]:
+        def make() -> Any:
+            m = cls(BertConfig(hidden_size=hidden, intermediate_size=inner, num_attention_heads=hidden // 64))
+            with torch.no_grad():
+                m.LayerNorm.weight.normal_(1.0, 0.3)
+                m.LayerNorm.bias.normal_(0.0, 0.3)
+            m.residual_of = m.dense.in_features  # read below: called as m(x of this width, residual)
+            return m
+        return make
+
     gpt2 = lambda: GPT2MLP(3072, GPT2Config(n_embd=768, n_head=12))
     bert = lambda: BertIntermediate(BertConfig(hidden_size=768, intermediate_size=3072, hidden_act="gelu"))
     t5 = lambda: T5DenseGatedActDense(T5Config(d_model=512, d_ff=1024, dense_act_fn="gelu_new", dropout_rate=0.0))
@@ -73,7 +95,14 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
              ("NewGELUActivation", NewGELUActivation, (8, 512, 3072), (3, 7, 3072)),
              ("GPT2MLP", gpt2, (8, 128, 768), (1, 3, 768)),
              ("BertIntermediate", bert, (8, 128, 768), (1, 3, 768)),
-             ("ViTMLP gelu", vit("gelu"), (8, 197, 768), (1, 5, 768))]
+             ("ViTMLP gelu", vit("gelu"), (8, 197, 768), (1, 5, 768)),
+             # layer_norm and linear_add_layer_norm (`--only LayerNorm` runs just these): BERT-base and a 1B-class width
+             ("LayerNorm 768", ln(768), (8, 128, 768), (1, 3, 768)),
+             ("LayerNorm 2048", ln(2048), (1, 512, 2048), (3, 5, 2048)),
+             ("BertSelfOutput (add+LayerNorm) 768", bert_out(BertSelfOutput, 768, 3072), (8, 128, 768), (1, 3, 768)),
+             ("BertOutput (add+LayerNorm) 768", bert_out(BertOutput, 768, 3072), (8, 128, 768), (1, 3, 768)),
+             ("BertSelfOutput (add+LayerNorm) 2048", bert_out(BertSelfOutput, 2048, 8192), (1, 512, 2048),
+              (3, 5, 2048))]
     for dtype in ("bf16", "fp32", "fp16"):
         out += [(label, dtype, make, shape, second) for label, make, shape, second in first]
     for dtype in ("bf16", "fp16", "fp32"):  # CNN layers: torchvision's Conv2dNormActivation computation
@@ -83,6 +112,10 @@ def cases() -> list[tuple[str, str, Callable[[], Any], tuple[int, ...], tuple[in
         out = [c for c in out if f"{c[0]}@{c[1]}" not in done]
     out += [("LlamaRMSNorm decode", "bf16", rms(), decode, (1, 1, 2048)),
             ("LlamaMLP decode", "bf16", lambda: LlamaMLP(llama), decode, (1, 1, 2048)),
+            ("LayerNorm decode", "bf16", ln(2048), decode, (1, 1, 2048)),
+            ("BertSelfOutput (add+LayerNorm) decode", "bf16", bert_out(BertSelfOutput, 2048, 8192), decode,
+             (1, 1, 2048)),
+            ("LayerNorm width 1001", "fp32", ln(1001), (2, 7, 1001), (1, 1, 1001)),
             ("LlamaRMSNorm width 1001", "fp32", odd_rms, (2, 7, 1001), (1, 1, 1001)),
             ("NewGELUActivation odd", "fp16", NewGELUActivation, (3, 7, 1001), (1, 1, 1001)),
             ("LlamaRMSNorm fp32 weight", "bf16", rms(torch.float32), prefill, (2, 3, 2048)),
@@ -157,9 +190,9 @@ def eager(module: Any) -> Callable[[Any], Any]:
     the library's kernel (proven at that call) rather than eager."""
     import metal_accel
 
-    def call(t: Any) -> Any:
+    def call(*t: Any) -> Any:
         with metal_accel.eager():
-            return module(t)
+            return module(*t)
     return call
 
 
@@ -167,9 +200,9 @@ def rel_err(got: Any, want: Any) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
-def kernel_forward(module: Any, x: Any) -> tuple[Callable[[Any], Any], str]:
-    """The library's kernel for MODULE's call on X as the pipeline builds it (kernel file + the matcher's glue),
-    compiled and loaded without a proof, as a function of the input; and the family's name."""
+def kernel_forward(module: Any, *x: Any) -> tuple[Callable[..., Any], str]:
+    """The library's kernel for MODULE's call on X (its inputs) as the pipeline builds it (kernel file + the
+    matcher's glue), compiled and loaded without a proof, as a function of the inputs; and the family's name."""
     from metal_accel.backends import get_backend
     from metal_accel.core.candidate import parse_candidate
     from metal_accel.library.match import match_call
@@ -177,7 +210,7 @@ def kernel_forward(module: Any, x: Any) -> tuple[Callable[[Any], Any], str]:
     from metal_accel.proof.prove import kernels_only
     from metal_accel.runtime.ops import ModuleLayout
     from metal_accel.sandbox.host import load_forward
-    found = match_call(module, (x,), {})
+    found = match_call(module, x, {})
     if found is None:
         raise LookupError(f"{type(module).__name__} matched no family")
     text, _ = kernel_file("cuda", found.family)
@@ -185,7 +218,7 @@ def kernel_forward(module: Any, x: Any) -> tuple[Callable[[Any], Any], str]:
     forward = load_forward(cand.code, kernels_only(get_backend("cuda").compile(cand.source)))
     layout = ModuleLayout(module)
     view = layout.view(layout.gather())
-    return (lambda t: forward(view, t)), found.family
+    return (lambda *t: forward(view, *t)), found.family
 
 
 def rms_sweep(module: Any, x: Any, want: Any, moved: int, copy_gbs: float) -> dict[str, float]:
@@ -219,7 +252,7 @@ def rms_sweep(module: Any, x: Any, want: Any, moved: int, copy_gbs: float) -> di
 
 
 def bandwidth(rows: int, width: int) -> list[dict[str, Any]]:
-    """rms_norm and gelu_tanh at ROWS x WIDTH (fp32, bf16) against a copy of the input's size."""
+    """rms_norm, layer_norm and gelu_tanh at ROWS x WIDTH (fp32, bf16) against a copy of the input's size."""
     import torch
     from transformers.activations import NewGELUActivation
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -229,7 +262,9 @@ def bandwidth(rows: int, width: int) -> list[dict[str, Any]]:
         dst = torch.empty_like(x)
         copy_s = per_call_s(lambda: dst.copy_(x), 0.2)
         copy_bytes = 2 * x.numel() * x.element_size()
-        for label, module in (("rms_norm", LlamaRMSNorm(width).to("cuda", dtype)), ("gelu_tanh", NewGELUActivation())):
+        layer = torch.nn.LayerNorm(width).to("cuda", dtype)
+        for label, module in (("rms_norm", LlamaRMSNorm(width).to("cuda", dtype)), ("layer_norm", layer),
+                              ("gelu_tanh", NewGELUActivation())):
             module.eval()
             try:
                 fn, _ = kernel_forward(module, x)
@@ -269,22 +304,28 @@ def run_case(label: str, dtype_name: str, make: Callable[[], Any], shape: tuple[
     module = make()
     weight_dtype = module.__dict__.pop("weight_dtype", None) or dtype
     fmt = torch.channels_last if module.__dict__.pop("channels_last", False) else torch.contiguous_format
+    residual_of = module.__dict__.pop("residual_of", None)
     module = module.to("cuda", weight_dtype).to(memory_format=fmt).eval()
-    x = torch.randn(shape, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
-    x2 = torch.randn(second, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+
+    def draw(s: tuple[int, ...]) -> tuple[Any, ...]:
+        if residual_of is None:
+            return (torch.randn(s, device="cuda", dtype=dtype).contiguous(memory_format=fmt),)
+        return (torch.randn(*s[:-1], residual_of, device="cuda", dtype=dtype),
+                torch.randn(s, device="cuda", dtype=dtype))
+    x, x2 = draw(shape), draw(second)
     cls = type(module).__name__
     row: dict[str, Any] = {"case": label, "class": cls, "dtype": dtype_name, "shape": list(shape)}
-    fn, row["family"] = kernel_forward(module, x)  # outside inference mode: the matcher traces the module
+    fn, row["family"] = kernel_forward(module, *x)  # outside inference mode: the matcher traces the module
     ref = eager(module)
     with torch.inference_mode():
-        want2 = ref(x2)
-        direct_err = max(rel_err(fn(x), ref(x)), rel_err(fn(x2), want2))
-        row["tp_eager_us"] = per_call_s(lambda: ref(x)) * 1e6
-        row["tp_kernel_us"] = per_call_s(lambda: fn(x)) * 1e6
+        want2 = ref(*x2)
+        direct_err = max(rel_err(fn(*x), ref(*x)), rel_err(fn(*x2), want2))
+        row["tp_eager_us"] = per_call_s(lambda: ref(*x)) * 1e6
+        row["tp_kernel_us"] = per_call_s(lambda: fn(*x)) * 1e6
     row["direct_err"] = direct_err
     os.environ["METAL_ACCEL_USER_CACHE"] = str(work / f"user_{label.replace(' ', '_')}_{dtype_name}")
     t0 = time.perf_counter()
-    metal_accel.optimize(module, (x,), backend="cuda", compile=False, end_to_end=False, bench_budget_s=0.25,
+    metal_accel.optimize(module, x, backend="cuda", compile=False, end_to_end=False, bench_budget_s=0.25,
                          progress=False)
     row["optimize_s"] = time.perf_counter() - t0
     reps = [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)]
@@ -298,7 +339,7 @@ def run_case(label: str, dtype_name: str, make: Callable[[], Any], shape: tuple[
     row["proven"] = rep.kernel_us is not None
     row["faster"] = rep.status == "kernel"
     with torch.inference_mode():
-        row["installed_err_second_shape"] = rel_err(module(x2), want2)
+        row["installed_err_second_shape"] = rel_err(module(*x2), want2)
     return row
 
 
@@ -314,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default="library_cuda.json")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds after which no case starts")
-    parser.add_argument("--only", default="", help="run the cases whose label contains this")
+    parser.add_argument("--only", default="", help="run the cases whose label contains one of these (comma-separated)")
     parser.add_argument("--dtypes", default="fp32,fp16,bf16")
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--width", type=int, default=4096)
@@ -337,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         result["bandwidth"] = bandwidth(args.rows, args.width)
         save()
     wanted = set(args.dtypes.split(","))
-    print(f"{'case':<30} {'dtype':<5} {'status':<7} {'eager us':>9} {'kernel us':>10} {'speedup':>8} "
+    print(f"{'case':<38} {'dtype':<5} {'status':<7} {'eager us':>9} {'kernel us':>10} {'speedup':>8} "
           f"{'tp eager':>9} {'tp kernel':>10} {'err':>8}  reason", flush=True)
     for label, dtype_name, make, shape, second in cases():
-        if (args.only and args.only not in label) or dtype_name not in wanted:
+        if (args.only and not any(o and o in label for o in args.only.split(","))) or dtype_name not in wanted:
             continue
         if time.perf_counter() - start > args.deadline:
             result["cases"].append({"case": label, "dtype": dtype_name, "status": "not run (deadline)"})
@@ -353,12 +394,12 @@ def main(argv: list[str] | None = None) -> int:
 
         def f(v: Any, spec: str = ".1f") -> str:
             return "-" if v is None else format(v, spec)
-        print(f"{label:<30} {dtype_name:<5} {row.get('status', '?'):<7} {f(row.get('eager_us')):>9} "
+        print(f"{label:<38} {dtype_name:<5} {row.get('status', '?'):<7} {f(row.get('eager_us')):>9} "
               f"{f(row.get('kernel_us')):>10} {f(row.get('speedup'), '.2f'):>8} {f(row.get('tp_eager_us')):>9} "
               f"{f(row.get('tp_kernel_us')):>10} {f(row.get('installed_err_second_shape'), '.1e'):>8}  "
               f"{(row.get('reason') or row.get('error') or '')[:120]}", flush=True)
         for r in row.get("rejected") or []:
-            print(f"{'':<30} rejected: {r[:300]}", flush=True)
+            print(f"{'':<38} rejected: {r[:300]}", flush=True)
         result["cases"].append(row)
         save()
         torch.cuda.empty_cache()

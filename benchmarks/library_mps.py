@@ -25,10 +25,12 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _modules() -> list[tuple[str, str, str, Callable[[bool], Any], Callable[[bool], tuple[int, ...]]]]:
-    """(label, family, glue body, make(small) -> module, shape(small) -> input shape) for every case."""
+    """(label, family, glue body, make(small) -> module, shape(small) -> input shape, or the shapes of x and the
+    residual for a two-input family) for every case."""
     from transformers import BertConfig, GPT2Config, LlamaConfig
     from transformers.activations import NewGELUActivation
-    from transformers.models.bert.modeling_bert import BertIntermediate
+    import torch
+    from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput, BertSelfOutput
     from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
     from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
@@ -41,6 +43,23 @@ def _modules() -> list[tuple[str, str, str, Callable[[bool], Any], Callable[[boo
     def rows(small: bool, prefill: bool, width: int) -> tuple[int, ...]:
         return (1, (7 if small else 512) if prefill else 1, width)
 
+    def layer_norm(width: int) -> Any:
+        m = torch.nn.LayerNorm(width)
+        with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+            m.weight.normal_(1.0, 0.3)
+            m.bias.normal_(0.0, 0.3)
+        return m
+
+    def bert(cls: Any, small: bool) -> Any:
+        return cls(BertConfig(hidden_size=40 if small else 768, intermediate_size=100 if small else 3072,
+                              num_attention_heads=1 if small else 12))
+
+    def residual(small: bool, inner: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        lead = (2, 7) if small else (8, 128)
+        return (*lead, inner), (*lead, 40 if small else 768)
+
+    add_ln = ("return linear_add_layer_norm(x, residual, module.dense.weight, module.dense.bias, "
+              "module.LayerNorm.weight, module.LayerNorm.bias, module.LayerNorm.eps)")
     norm = "return rms_norm(x, module.weight, module.variance_epsilon)"
     mlp = ("return gated_mlp(x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight, "
            "'silu')")
@@ -66,6 +85,14 @@ def _modules() -> list[tuple[str, str, str, Callable[[bool], Any], Callable[[boo
          lambda s: BertIntermediate(BertConfig(hidden_size=40 if s else 768, intermediate_size=100 if s else 3072,
                                                num_attention_heads=1 if s else 12, hidden_act="gelu")),
          lambda s: (2, 7, 40) if s else (8, 128, 768)),
+        ("LayerNorm", "layer_norm", "return layer_norm(x, module.weight, module.bias, module.eps)",
+         lambda s: layer_norm(72 if s else 768), lambda s: (2, 7, 72) if s else (8, 128, 768)),
+        ("LayerNorm 2048", "layer_norm", "return layer_norm(x, module.weight, module.bias, module.eps)",
+         lambda s: layer_norm(64 if s else 2048), lambda s: rows(s, True, 64 if s else 2048)),
+        ("BertSelfOutput", "linear_add_layer_norm", add_ln, lambda s: bert(BertSelfOutput, s),
+         lambda s: residual(s, 40 if s else 768)),
+        ("BertOutput", "linear_add_layer_norm", add_ln, lambda s: bert(BertOutput, s),
+         lambda s: residual(s, 100 if s else 3072)),
     ]
 
 
@@ -100,14 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             dtype = getattr(torch, DTYPES[name.strip()])
             torch.manual_seed(0)
             module = make(args.small).to(args.device, dtype).eval()
-            x = torch.randn(shape_of(args.small), device=args.device, dtype=dtype)
+            shape = shape_of(args.small)
+            shapes = shape if isinstance(shape[0], tuple) else (shape,)  # x, or x and the residual
+            xs = tuple(torch.randn(sh, device=args.device, dtype=dtype) for sh in shapes)
+            x = xs[0]
             cls = type(module).__name__
             case = cand_dir / f"{label.replace(' ', '_')}-{name}"
             (case / backend).mkdir(parents=True)
             text = (KERNELS / f"{family}.py").read_text()
-            (case / backend / f"{cls}.py").write_text(f"{text}\n\ndef forward(module, x):\n    {glue}\n")
+            inputs = "x, residual" if len(xs) == 2 else "x"
+            (case / backend / f"{cls}.py").write_text(f"{text}\n\ndef forward(module, {inputs}):\n    {glue}\n")
             os.environ["METAL_ACCEL_USER_CACHE"] = str(case / "user_cache")  # each case proven afresh
-            metal_accel.optimize(module, (x,), backend=backend, providers=[f"dir:{case}"], progress=False)
+            metal_accel.optimize(module, xs, backend=backend, providers=[f"dir:{case}"], progress=False)
             (rep,) = [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)]
             correct = rep.status == "kernel" or rep.kernel_us is not None  # timed only once proven correct
             failures += 0 if correct else 1

@@ -69,7 +69,7 @@ def test_real_classes_match_by_computation():
     assert _family(GPT2MLP(256, GPT2Config(n_embd=64)), x) == "gpt2_mlp"
     assert _family(NewGELUActivation(), x) == "gelu_tanh"
     assert _family(BertIntermediate(BertConfig(hidden_size=64, intermediate_size=128)), x) == "linear_gelu"
-    assert _family(nn.LayerNorm(64), x) is None
+    assert _family(nn.LayerNorm(64), x) == "layer_norm"
     assert _family(nn.Linear(64, 64), x) is None
 
 
@@ -91,6 +91,102 @@ def test_other_computations_and_dtypes_do_not_match():
     assert _family(LlamaRMSNorm(64).to(torch.bfloat16), xb) == "rms_norm"
     assert _family(T5LayerNorm(64).to(torch.bfloat16), xb) is None
     assert match_call(LlamaRMSNorm(64), (torch.randn(2, 64),), {"extra": 1}) is None
+
+
+class PostNormResidual(nn.Module):
+    """A user's own BertSelfOutput: other names, the residual add before the norm, no dropout."""
+
+    def __init__(self, inner: int, hidden: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(inner, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=1e-6)
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.norm(skip + self.proj(h))
+
+
+class NormThenAdd(PostNormResidual):
+    """The add after the norm: another computation."""
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(h)) + skip
+
+
+class HandLayerNorm(nn.Module):
+    """LayerNorm written out with var and sqrt: not what nn.LayerNorm's kernel computes (its rounding differs)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma, self.beta, self.eps = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim)), 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.gamma + self.beta
+
+
+def test_layer_norms_match_by_structure():
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    from transformers.models.vit.modeling_vit import ViTLayer
+    x = torch.randn(2, 5, 64)
+    block = GPT2Block(GPT2Config(n_embd=64, n_head=4))
+    for ln in (block.ln_1, block.ln_2, ViTLayer(_vit_config()).layernorm_before):
+        found = match_call(ln.eval(), (x,), {})
+        assert found is not None and found.family == "layer_norm"
+        assert "layer_norm(x, module.weight, module.bias, module.eps)" in found.glue()
+    assert _family(nn.LayerNorm(64).to(torch.bfloat16), x.to(torch.bfloat16)) == "layer_norm"
+    assert _family(nn.LayerNorm(64, bias=False), x) is None  # one 1-D tensor: no bias to bind
+    assert _family(nn.LayerNorm(64, elementwise_affine=False), x) is None
+    assert _family(HandLayerNorm(64), x) is None
+
+
+def _vit_config():
+    from transformers import ViTConfig
+    return ViTConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+
+
+def test_residual_layer_norms_take_two_inputs():
+    from transformers import RobertaConfig
+    from transformers.models.bert.modeling_bert import BertOutput, BertSelfOutput
+    from transformers.models.roberta.modeling_roberta import RobertaSelfOutput
+    cfg = BertConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4)
+    h, r = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    for module, x in ((BertSelfOutput(cfg), h), (BertOutput(cfg), torch.randn(2, 5, 96)),
+                      (RobertaSelfOutput(RobertaConfig(hidden_size=64, num_attention_heads=4)), h)):
+        found = match_call(module.eval(), (x, r), {})
+        assert found is not None and found.family == "linear_add_layer_norm", type(module).__name__
+        assert found.arguments == (("tensor", "dense.weight"), ("tensor", "dense.bias"), ("tensor", "LayerNorm.weight"),
+                                   ("tensor", "LayerNorm.bias"), ("attr", "LayerNorm.eps"))
+        assert "def forward(module, x, residual):\n    return linear_add_layer_norm(x, residual, module.dense.weight" \
+            in found.glue()
+    own = match_call(PostNormResidual(96, 64).eval(), (torch.randn(3, 96), torch.randn(3, 64)), {})
+    assert own is not None and own.family == "linear_add_layer_norm"
+    assert own.arguments[-1] == ("attr", "norm.eps") and own.arguments[0] == ("tensor", "proj.weight")
+    # near misses: the add after the norm; a residual that broadcasts (the memo keeps the two calls apart);
+    # one input where the family takes two; a keyword argument
+    assert match_call(NormThenAdd(96, 64).eval(), (torch.randn(3, 96), torch.randn(3, 64)), {}) is None
+    bert = BertSelfOutput(cfg).eval()
+    assert match_call(bert, (h, torch.randn(1, 5, 64)), {}) is None
+    assert match_call(bert, (h, r), {}) is not None
+    assert match_call(bert, (h,), {}) is None
+    assert match_call(bert, (h,), {"input_tensor": r}) is None
+
+
+def test_several_inputs_sweep_and_share_rows_keys():
+    from metal_accel.core.keys import generic_key
+    from metal_accel.core.specs import InputSpec
+    from metal_accel.proof.testdata import rows_sweep_specs
+    one = InputSpec.of((torch.randn(2, 7, 96),))
+    two = InputSpec.of((torch.randn(2, 7, 128), torch.randn(2, 7, 96)))
+    assert [[t.shape for t in s.tensor_specs()] for s in rows_sweep_specs(two)] == \
+        [[(1, 1, 128), (1, 1, 96)], [(2, 15, 128), (2, 15, 96)]]
+    other_rank = InputSpec.of((torch.randn(5, 128), torch.randn(5, 96)))
+    assert generic_key("f", two, "cpu") != generic_key("f", other_rank, "cpu")
+    same_rank = InputSpec.of((torch.randn(1, 3, 128), torch.randn(1, 3, 96)))
+    assert generic_key("f", two, "cpu") == generic_key("f", same_rank, "cpu") != generic_key("f", one, "cpu")
+    broadcast = InputSpec.of((torch.randn(2, 7, 128), torch.randn(1, 7, 96)))
+    assert generic_key("f", broadcast, "cpu") is None and rows_sweep_specs(broadcast) == []
+    assert generic_key("f", InputSpec.of((torch.randn(2, 7, 96),), {"k": torch.randn(2)}), "cpu") is None
 
 
 @pytest.fixture
@@ -232,6 +328,56 @@ def test_one_proof_serves_every_leading_shape(fixture_kernels):
         torch.testing.assert_close(got, want)
 
 
+class BertTail(nn.Module):
+    """A BERT layer's attention output followed by a final norm: a two-input call and a plain nn.LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.models.bert.modeling_bert import BertSelfOutput
+        self.out = BertSelfOutput(BertConfig(hidden_size=96, intermediate_size=128, num_attention_heads=4))
+        self.ln_f = nn.LayerNorm(96)
+        with torch.no_grad():
+            for p in (self.out.LayerNorm.weight, self.out.LayerNorm.bias, self.ln_f.weight, self.ln_f.bias):
+                p.normal_(0.5, 0.3)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(self.out(h, residual))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_the_shipped_layer_norm_kernels_are_proven_for_two_input_calls(monkeypatch):
+    """The shipped CPU kernels through the library provider: BertSelfOutput(hidden, residual) gets the fused
+    add + LayerNorm, its glue taking both inputs; the proof sweeps both inputs' rows together, so another batch
+    and sequence length install it from the shape-generic key."""
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    model = BertTail().eval()
+    h, r = torch.randn(2, 7, 96), torch.randn(2, 7, 96)
+    with torch.inference_mode():
+        want = model(h, r)
+        metal_accel.optimize(model, (h, r), backend="cpu", margin=-0.9, end_to_end=False)
+        got = model(h, r)
+    rows = {m.name: m for m in metal_accel.explain(model).modules}
+    assert rows["out"].status == "kernel" and rows["out"].source == "library:linear_add_layer_norm", rows["out"]
+    # nn.LayerNorm's own CPU kernel is already one pass: proven (timed only after the proof), installed when faster
+    ln_f = rows["ln_f"]
+    assert ln_f.kernel_us is not None and not any("incorrect" in r for r in ln_f.rejected), ln_f
+    assert ln_f.status == "eager" or ln_f.source == "library:layer_norm"
+    torch.testing.assert_close(got, want)
+    from metal_accel.store import cache as cache_mod
+    swept = [v.details.get("sweep", {}).get("shapes") for e in cache_mod.user_cache().entries("cpu")
+             if e.candidate is not None and "linear_add_layer_norm" in e.candidate.origin for v in e.verdicts.values()]
+    assert [[1, 1, 96], [2, 15, 96]] in swept
+    h2, r2 = torch.randn(3, 4, 96), torch.randn(3, 4, 96)
+    with torch.inference_mode():
+        want = model(h2, r2)
+        metal_accel.optimize(model, (h2, r2), backend="cpu", margin=-0.9, end_to_end=False)
+        got = model(h2, r2)
+    row = next(m for m in metal_accel.explain(model).modules if m.name == "out")
+    assert row.status == "kernel" and "shape-generic, proven at 2x7x96" in row.source, row.source
+    torch.testing.assert_close(got, want)
+
+
 def test_catalog_and_doctor_say_which_kernels_apply_here(capsys, monkeypatch):
     from metal_accel.cli.main import main as cli_main
     from metal_accel.library.catalog import catalog
@@ -280,26 +426,39 @@ def test_the_library_page_lists_the_kernels_that_ship():
 
 def _zoo_modules() -> dict[str, nn.Module]:
     from transformers import ViTConfig
+    from transformers.models.bert.modeling_bert import BertOutput
     from transformers.models.vit.modeling_vit import ViTMLP
     llama = LlamaConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4, num_key_value_heads=2)
     return {"rms_norm": LlamaRMSNorm(48), "gated_mlp": LlamaMLP(llama), "gelu_tanh": NewGELUActivation(),
             "gpt2_mlp": GPT2MLP(100, GPT2Config(n_embd=48)),
             "linear_gelu": BertIntermediate(BertConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4)),
-            "mlp": ViTMLP(ViTConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4))}
+            "mlp": ViTMLP(ViTConfig(hidden_size=48, intermediate_size=100, num_attention_heads=4)),
+            "layer_norm": _affine(nn.LayerNorm(48)),
+            "linear_add_layer_norm": BertOutput(BertConfig(hidden_size=48, intermediate_size=100,
+                                                           num_attention_heads=4))}
+
+
+def _affine(ln: nn.LayerNorm) -> nn.LayerNorm:
+    with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+        ln.weight.normal_(1.0, 0.3)
+        ln.bias.normal_(0.0, 0.3)
+    return ln
 
 
 @pytest.mark.slow
 @pytest.mark.needs_cxx
-@pytest.mark.parametrize("family", ["rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp"])
+@pytest.mark.parametrize("family", ["rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp",
+                                    "layer_norm", "linear_add_layer_norm"])
 def test_every_shipped_metal_kernel_is_proven_through_the_library(family, monkeypatch):
     """The shipped Metal kernels, matched, bound and proven by the library itself on the emulated device."""
     monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
     model = _zoo_modules()[family].eval()
-    x = torch.randn(2, 5, 48)
+    two = family == "linear_add_layer_norm"  # BertOutput(hidden_states, input_tensor)
+    xs = (torch.randn(2, 5, 100), torch.randn(2, 5, 48)) if two else (torch.randn(2, 5, 48),)
     with torch.inference_mode():
-        want = model(x)
-        metal_accel.optimize(model, (x,), backend="mps-emu", end_to_end=False)
-        got = model(x)
+        want = model(*xs)
+        metal_accel.optimize(model, xs, backend="mps-emu", end_to_end=False)
+        got = model(*xs)
     row = next(m for m in metal_accel.explain(model).modules if m.name == type(model).__name__)
     assert row.status == "kernel" and row.source == f"library:{family}", (row.reason, row.rejected)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

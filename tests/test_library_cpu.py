@@ -21,7 +21,7 @@ from metal_accel.sandbox.host import check_host_code
 from metal_accel.sandbox.kernel_source import check_kernel_source
 
 KERNELS = Path(__file__).resolve().parent.parent / "metal_accel" / "library" / "kernels" / "cpu"
-FAMILIES = ("rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu")
+FAMILIES = ("rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "layer_norm", "linear_add_layer_norm")
 # verdict reasons of a candidate that passed the correctness proof and lost only on speed (proof/speed.py)
 SPEED_ONLY = ("not faster", "within noise", "unreliable timing")
 GLUE_RMS = "def forward(module, x):\n    return rms_norm(x, module.weight, module.variance_epsilon)\n"
@@ -37,13 +37,15 @@ def mutate(text: str, old: str, new: str) -> str:
     return text.replace(old, new, 1)
 
 
-def prove(tmp_path: Path, module: torch.nn.Module, x: torch.Tensor, text: str, glue: str) -> metal_accel.ModuleReport:
-    """optimize() MODULE on X with TEXT + GLUE as the only candidate; the module's report."""
+def prove(tmp_path: Path, module: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], text: str,
+          glue: str) -> metal_accel.ModuleReport:
+    """optimize() MODULE on X (one input, or a tuple of them) with TEXT + GLUE as the only candidate; the module's
+    report."""
     folder = tmp_path / "cands" / "cpu"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{type(module).__name__}.py").write_text(text + "\n\n" + glue)
-    metal_accel.optimize(module, (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False,
-                         bench_budget_s=0.1, progress=False, strict=True)
+    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), providers=[f"dir:{tmp_path / 'cands'}"],
+                         end_to_end=False, bench_budget_s=0.1, progress=False, strict=True)
     return next(m for m in metal_accel.explain(module).modules if m.name == type(module).__name__)
 
 
@@ -81,7 +83,7 @@ SHAPE_IDS = ["1x1", "2x7", "1x128", "odd100", "noncontig72"]
 @pytest.mark.parametrize("family", [f for f in FAMILIES if (KERNELS / f"{f}.py").exists()])
 def test_kernel_file_format(family):
     text = kernel_file(family)
-    cand = parse_candidate(text + "\n\ndef forward(module, x):\n    return x\n", "cpu", family)
+    cand = parse_candidate(text + "\n\ndef forward(module, x, *inputs):\n    return x\n", "cpu", family)
     check_host_code(cand.code)
     check_kernel_source(cand.source, "c++")
     assert parse_extern_c(cand.source)
@@ -339,6 +341,135 @@ def test_linear_gelu_wrong_variant_rejected(tmp_path):
     assert_rejected_as_wrong(prove(tmp_path, m, x, wrong, _linear_gelu_glue("tanh")))
 
 
+# ------------------------------------------------------------------ layer_norm
+
+GLUE_LN = "def forward(module, x):\n    return layer_norm(x, module.weight, module.bias, module.eps)\n"
+
+
+def _layer_norm(hidden: int, dtype: torch.dtype, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = torch.nn.LayerNorm(hidden, eps=1e-5)
+    with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+        m.weight.normal_(1.0, 0.3)
+        m.bias.normal_(0.0, 0.3)
+    return m.eval().to(param_dtype or dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_proven(tmp_path, shape, contiguous, dtype):
+    m = _layer_norm(shape[-1], dtype)
+    assert_proven(prove(tmp_path, m, make_input(shape, dtype, contiguous), kernel_file("layer_norm"), GLUE_LN))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_gpt2_ln_and_float32_params_on_bf16(tmp_path):
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    ln = GPT2Block(GPT2Config(n_embd=96, n_head=4)).ln_2.eval()
+    with torch.no_grad():
+        ln.weight.normal_(1.0, 0.3)
+    assert_proven(prove(tmp_path, ln, make_input((2, 7, 96), torch.float32), kernel_file("layer_norm"), GLUE_LN))
+    m = _layer_norm(96, torch.bfloat16, torch.float32)  # eager's mixed-dtype LayerNorm: output in x's dtype
+    assert_proven(prove(tmp_path, m, make_input((2, 7, 96), torch.bfloat16), kernel_file("layer_norm"), GLUE_LN))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_wrong_variant_rejected(tmp_path, dtype):
+    wrong = mutate(kernel_file("layer_norm"), "q / (float)dim + eps", "q / (float)(dim - 16) + eps")
+    m = _layer_norm(256, dtype)
+    assert_rejected_as_wrong(prove(tmp_path, m, make_input((2, 7, 256), dtype), wrong, GLUE_LN))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_rows_where_float32_moments_break_down():
+    """Rows of huge values (squares overflow float32) and constant rows (variance exactly 0): the kernel gives
+    float64's answer, in-process (eager's own float32 kernel gives NaN on some of them)."""
+    from metal_accel.backends import get_backend
+    from metal_accel.sandbox.host import load_forward
+    cand = parse_candidate(kernel_file("layer_norm") + "\n\n" + GLUE_LN, "cpu", "layer_norm")
+    forward = load_forward(cand.code, get_backend("cpu").compile(cand.source))
+    for D in (37, 64, 768):
+        m = _layer_norm(D, torch.float32)
+        x = torch.randn(4, D)
+        big = torch.finfo(torch.float32).max / 4
+        x[0, :5], x[1, :5], x[2], x[3, ::2] = big, -big, 2.75, 1e30
+        want = torch.nn.functional.layer_norm(x.double(), (D,), m.weight.double(), m.bias.double(), m.eps)
+        with torch.inference_mode():
+            got = forward(m, x)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ linear_add_layer_norm
+
+GLUE_ADD_LN = ("def forward(module, x, residual):\n    return linear_add_layer_norm(x, residual, module.dense.weight, "
+               "module.dense.bias, module.LayerNorm.weight, module.LayerNorm.bias, module.LayerNorm.eps)\n")
+
+
+def _bert_output(kind: str, hidden: int, dtype: torch.dtype, ln_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertOutput, BertSelfOutput
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=hidden, intermediate_size=2 * hidden + 6, num_attention_heads=1)
+    m = BertOutput(cfg) if kind == "BertOutput" else BertSelfOutput(cfg)
+    with torch.no_grad():
+        m.dense.weight.normal_(0.0, 0.05)
+        m.dense.bias.normal_(0.0, 0.5)
+        m.LayerNorm.weight.normal_(1.0, 0.3)
+        m.LayerNorm.bias.normal_(0.0, 0.3)
+    m = m.eval().to(dtype)
+    m.LayerNorm.to(ln_dtype or dtype)
+    return m
+
+
+def _residual_inputs(kind: str, shape: tuple[int, ...], dtype: torch.dtype,
+                     contiguous: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    inner = 2 * shape[-1] + 6 if kind == "BertOutput" else shape[-1]
+    x = make_input((*shape[:-1], inner), dtype, contiguous)
+    torch.manual_seed(1)
+    return x, torch.randn(shape).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, contiguous", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("kind", ["BertSelfOutput", "BertOutput"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_add_layer_norm_proven(tmp_path, kind, shape, contiguous, dtype):
+    if kind == "BertOutput" and shape != SHAPES[1][0]:
+        pytest.skip("BertOutput runs the same host code: one shape of it")
+    m = _bert_output(kind, shape[-1], dtype)
+    inputs = _residual_inputs(kind, shape, dtype, contiguous)
+    assert_proven(prove(tmp_path, m, inputs, kernel_file("linear_add_layer_norm"), GLUE_ADD_LN))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_add_layer_norm_float32_norm_on_bf16(tmp_path):
+    m = _bert_output("BertSelfOutput", 96, torch.bfloat16, torch.float32)
+    inputs = _residual_inputs("BertSelfOutput", (2, 7, 96), torch.bfloat16)
+    assert_proven(prove(tmp_path, m, inputs, kernel_file("linear_add_layer_norm"), GLUE_ADD_LN))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_linear_add_layer_norm_wrong_variant_rejected(tmp_path, dtype):
+    # the residual left out of the last 1/8 of each row
+    wrong = mutate(kernel_file("linear_add_layer_norm"), "st(h, i, ld(h, i) + ld(r, i));",
+                   "st(h, i, ld(h, i) + (8 * i < 7 * dim ? ld(r, i) : 0.0f));")
+    m = _bert_output("BertSelfOutput", 256, dtype)
+    inputs = _residual_inputs("BertSelfOutput", (2, 7, 256), dtype)
+    assert_rejected_as_wrong(prove(tmp_path, m, inputs, wrong, GLUE_ADD_LN))
+
+
 # ------------------------------------------------------------------ dtypes no kernel serves
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -355,6 +486,13 @@ def test_float16_falls_back_to_the_reference(tmp_path, family):
         m, glue = _gelu_tanh_module("NewGELUActivation").to(dtype), GLUE_GELU_TANH
     elif family == "gpt2_mlp":
         m, glue = _gpt2_module(hidden, dtype), GLUE_GPT2
+    elif family == "layer_norm":
+        m, glue = _layer_norm(hidden, dtype), GLUE_LN
+    elif family == "linear_add_layer_norm":
+        m = _bert_output("BertSelfOutput", hidden, dtype)
+        x, r = make_input((2, 7, hidden), dtype), make_input((2, 7, hidden), dtype) * 0.5
+        assert_proven(prove(tmp_path, m, (x, r), kernel_file(family), GLUE_ADD_LN))
+        return
     else:
         m, glue = _intermediate_module("BertIntermediate", hidden, dtype), _linear_gelu_glue("none")
     assert_proven(prove(tmp_path, m, make_input((2, 7, hidden), dtype), kernel_file(family), glue))

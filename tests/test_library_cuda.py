@@ -44,16 +44,18 @@ def text_of(family: str) -> str:
 
 
 def glue(family: str) -> str:
-    """A forward that hands its module's attributes a..e to the host function (the library generates the real one;
-    a family with prepared arguments gets them through prepare(), as the library's glue passes them)."""
+    """A forward that hands its inputs and its module's attributes a..e to the host function (the library generates
+    the real one; a family with prepared arguments gets them through prepare(), as the library's glue passes them)."""
     fam = FAMILIES[family]
-    n = len(inspect.signature(fam.reference).parameters) - 1
+    inputs = ", ".join(fam.inputs)
+    n = len(inspect.signature(fam.reference).parameters) - len(fam.inputs)
     args = [f"module.{chr(97 + i)}" for i in range(n)]
     if fam.prepared:
         return (f'\n\nSHAPE_GENERIC = True\n\n\ndef prepare(module):\n    return {family}_prepare('
-                f'{", ".join(args[:fam.prepared])})\n\n\ndef forward(module, x, *, prepared):\n'
-                f'    return {family}(x, prepared, {", ".join(args[fam.prepared:])})\n')
-    return f'\n\nSHAPE_GENERIC = "rows"\n\n\ndef forward(module, x):\n    return {family}(x{"".join(", " + a for a in args)})\n'
+                f'{", ".join(args[:fam.prepared])})\n\n\ndef forward(module, {inputs}, *, prepared):\n'
+                f'    return {family}({inputs}, prepared, {", ".join(args[fam.prepared:])})\n')
+    return (f'\n\nSHAPE_GENERIC = "rows"\n\n\ndef forward(module, {inputs}):\n'
+            f'    return {family}({inputs}{"".join(", " + a for a in args)})\n')
 
 
 def candidate(family: str, text: str | None = None) -> Any:
@@ -142,6 +144,7 @@ def test_compiles_with_nvrtc(family: str) -> None:
 # ---------------------------------------------------------------- host code against an emulated lib (no GPU)
 
 ROW_PACKS = 8  # NV of rms_norm's SOURCE
+LN_ROW_PACKS = 8  # NV of the layer_norm SOURCEs
 
 
 def act_float(x: torch.Tensor, code: int) -> torch.Tensor:
@@ -206,8 +209,40 @@ def _emulate(name: str, args: tuple, grid: tuple[int, int, int], block: tuple[in
         inv = torch.rsqrt(xs.pow(2).sum(-1, keepdim=True) / D + eps)
         h = (xs * inv).to(x.dtype).float()
         y.view(-1)[:rows * D] = (w[:D].float() * h).to(y.dtype).reshape(-1)
+    elif name.startswith(("ln_", "add_ln_")):
+        _emulate_layer_norm(name, args, grid, block)
     else:
         raise AssertionError(name)
+
+
+def _emulate_layer_norm(name: str, args: tuple, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+    """ln_* (x, w, b, y) and add_ln_* (h, r, w, b: in place over h) of the layer_norm SOURCEs."""
+    add = name.startswith("add_")
+    kind = name.split("_")[2 if add else 1]
+    if add:
+        x, r, w, b = args[:4]
+        y = x
+    else:
+        x, w, b, y = args[:4]
+        r = None
+    if kind == "wide":
+        D, eps = args[4:]
+        rows = grid[0]
+        assert block == (1024, 1, 1)
+    else:
+        rows, D, eps = args[4:]
+        V = 16 // x.element_size() if kind == "vec" else 1
+        tpr, rpb = block[0], block[1]
+        assert tpr % 32 == 0 and tpr * rpb <= 512 and grid[0] * rpb >= rows, (grid, block, rows)  # launch bound 512
+        assert D % V == 0 and D // V <= LN_ROW_PACKS * tpr, (D, V, tpr)
+        for t in (x, w, b, y) + ((r,) if add else ()):
+            assert t.storage_offset() % V == 0  # packs of V elements, each aligned to its size
+    xs = x.reshape(-1)[:rows * D].view(rows, D).float()
+    if add:
+        xs = (xs + r.reshape(-1)[:rows * D].view(rows, D).float()).to(x.dtype).float()
+    mean = xs.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((xs - mean).pow(2).mean(-1, keepdim=True) + eps)
+    y.view(-1)[:rows * D] = (w[:D].float() * ((xs - mean) * rstd) + b[:D].float()).to(y.dtype).reshape(-1)
 
 
 def emulated_lib(source: str) -> SimpleNamespace:
@@ -229,7 +264,8 @@ def emulated_lib(source: str) -> SimpleNamespace:
 def host(family: str) -> Callable[..., Any]:
     cand = candidate(family)
     forward = load_forward(cand.code, emulated_lib(cand.source))
-    return lambda x, *a: forward(SimpleNamespace(**{chr(97 + i): v for i, v in enumerate(a)}), x)
+    k = len(FAMILIES[family].inputs)
+    return lambda *a: forward(SimpleNamespace(**{chr(97 + i): v for i, v in enumerate(a[k:])}), *a[:k])
 
 
 def make_x(shape: tuple[int, ...], dtype: torch.dtype, layout: str = "contiguous") -> torch.Tensor:
@@ -353,14 +389,63 @@ def test_conv_bn_act_host(dtype: torch.dtype) -> None:
             assert err <= 2 * DTYPE_TOL[dtype], (act, groups, bias, channels_last, float(err))
 
 
+@pytest.mark.parametrize("dtype", [FP32, FP16, BF16], ids=str)
+@pytest.mark.parametrize("shape, layout", SHAPES)
+def test_layer_norm_host(shape: tuple[int, ...], layout: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    fn = host("layer_norm")
+    x = make_x(shape, dtype, layout) * 2 + 0.5
+    for wdt in {dtype, FP32}:
+        w, b = torch.randn(shape[-1]).to(wdt), torch.randn(shape[-1]).to(wdt)
+        check(fn(x, w, b, 1e-5), FAMILIES["layer_norm"].reference(x, w, b, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("D, dtype", [(5000, FP32), (40000, FP32), (70000, BF16), (9000, FP16)])
+def test_layer_norm_hosts_wide_rows(D: int, dtype: torch.dtype) -> None:
+    """Wide rows: many threads a row, and past the registers the three-pass kernels."""
+    torch.manual_seed(0)
+    for D_ in (D, D + 1):
+        x, w, b = torch.randn(2, D_, dtype=dtype) + 1, torch.randn(D_, dtype=dtype), torch.randn(D_, dtype=dtype)
+        check(host("layer_norm")(x, w, b, 1e-5), FAMILIES["layer_norm"].reference(x, w, b, 1e-5), dtype)
+        h, r = torch.randn(2, 64, dtype=dtype), torch.randn(2, D_, dtype=dtype)
+        dw, db = (torch.randn(D_, 64) / 8).to(dtype), torch.randn(D_).to(dtype)
+        want = FAMILIES["linear_add_layer_norm"].reference(h, r, dw, db, w, b, 1e-5)
+        check(host("linear_add_layer_norm")(h, r, dw, db, w, b, 1e-5), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [FP32, FP16, BF16], ids=str)
+@pytest.mark.parametrize("shape, layout", SHAPES)
+def test_linear_add_layer_norm_host(shape: tuple[int, ...], layout: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    fn = host("linear_add_layer_norm")
+    H, inner = shape[-1], 2 * shape[-1] + 3
+    x = make_x((*shape[:-1], inner), dtype, layout)
+    r = make_x(shape, dtype, layout)
+    dw, db = (torch.randn(H, inner) / math.sqrt(inner)).to(dtype), torch.randn(H).to(dtype)
+    for wdt in {dtype, FP32}:
+        w, b = torch.randn(H).to(wdt), torch.randn(H).to(wdt)
+        want = FAMILIES["linear_add_layer_norm"].reference(x, r, dw, db, w, b, 1e-12)
+        check(fn(x, r, dw, db, w, b, 1e-12), want, dtype)
+
+
+def test_layer_norm_hosts_fall_back_for_other_calls() -> None:
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((2, 3, 8), (8,), (8,)))
+    torch.testing.assert_close(host("layer_norm")(x, w, b, 1e-6), FAMILIES["layer_norm"].reference(x, w, b, 1e-6))
+    h, dw, db = torch.randn(2, 3, 8), torch.randn(8, 8), torch.randn(8)
+    w32, b32 = w.float(), b.float()
+    broadcast = torch.randn(1, 3, 8)  # not one residual row per row of x: the reference in torch
+    want = FAMILIES["linear_add_layer_norm"].reference(h, broadcast, dw, db, w32, b32, 1e-6)
+    torch.testing.assert_close(host("linear_add_layer_norm")(h, broadcast, dw, db, w32, b32, 1e-6), want)
+
+
 # ---------------------------------------------------------------- on the GPU: the pipeline proves each family
 
-def _prove(module: torch.nn.Module, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-           providers: list[str] | None = None) -> Any:
+def _prove(module: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], monkeypatch: pytest.MonkeyPatch,
+           tmp_path: Path, providers: list[str] | None = None) -> Any:
     import metal_accel
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / f"uc{len(list(tmp_path.iterdir()))}"))
-    metal_accel.optimize(module, (x,), backend="cuda", providers=providers, compile=False, end_to_end=False,
-                         bench_budget_s=0.2, library=providers is None)
+    metal_accel.optimize(module, x if isinstance(x, tuple) else (x,), backend="cuda", providers=providers,
+                         compile=False, end_to_end=False, bench_budget_s=0.2, library=providers is None)
     cls = type(module).__name__
     return [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)][0]
 
@@ -383,7 +468,8 @@ def _real_modules() -> list[tuple[str, Callable[[], torch.nn.Module], tuple[int,
             ("mlp", lambda: ViTMLP(transformers.ViTConfig(hidden_size=256, intermediate_size=1024,
                                                           num_attention_heads=4)), (2, 9, 256)),
             ("conv_bn_act", lambda: _conv_bn_act_block(torch.nn.Hardswish()), (8, 32, 28, 28)),
-            ("conv_bn_act", lambda: _conv_bn_act_block(torch.nn.ReLU(inplace=True), groups=32), (8, 32, 28, 28))]
+            ("conv_bn_act", lambda: _conv_bn_act_block(torch.nn.ReLU(inplace=True), groups=32), (8, 32, 28, 28)),
+            ("layer_norm", lambda: _affine(torch.nn.LayerNorm(1000)), (2, 7, 1000))]
 
 
 def _conv_bn_act_block(act: torch.nn.Module, groups: int = 1) -> torch.nn.Module:
@@ -396,6 +482,13 @@ def _conv_bn_act_block(act: torch.nn.Module, groups: int = 1) -> torch.nn.Module
         m[1].weight.normal_(1.0, 0.3)
         m[1].bias.normal_(0.0, 0.3)
     return m
+
+
+def _affine(ln: torch.nn.LayerNorm) -> torch.nn.LayerNorm:
+    with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+        ln.weight.normal_(1.0, 0.3)
+        ln.bias.normal_(0.0, 0.3)
+    return ln
 
 
 @pytest.mark.cuda
@@ -425,3 +518,49 @@ def test_gpu_broken_rms_norm_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path:
     module = LlamaRMSNorm(512).cuda().eval()
     rep = _prove(module, torch.randn(2, 5, 512, device="cuda"), monkeypatch, tmp_path, [f"dir:{case}"])
     assert rep.status == "eager" and rep.rejected, (rep.status, rep.reason)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [FP32, FP16, BF16], ids=str)
+def test_gpu_library_proves_the_residual_layer_norms(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """BertSelfOutput and BertOutput, called with (hidden_states, input_tensor): the fused add + LayerNorm."""
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertOutput, BertSelfOutput
+    cfg = BertConfig(hidden_size=768, intermediate_size=3072, num_attention_heads=12)
+    for cls, inner in ((BertSelfOutput, 768), (BertOutput, 3072)):
+        torch.manual_seed(0)
+        module = cls(cfg)
+        _affine(module.LayerNorm)
+        module = module.to("cuda", dtype).eval()
+        x, r = torch.randn(2, 9, inner, device="cuda", dtype=dtype), torch.randn(2, 9, 768, device="cuda", dtype=dtype)
+        rep = _prove(module, (x, r), monkeypatch, tmp_path)
+        assert not rep.rejected and (rep.status == "kernel" or rep.kernel_us is not None), (cls.__name__, rep.reason)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_gpu_broken_layer_norms_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertSelfOutput
+    old = "const float d = to_f(v[k].v[e]) - mean;"
+    for family, cls in (("layer_norm", "LayerNorm"), ("linear_add_layer_norm", "BertSelfOutput")):
+        text = text_of(family).replace(old, "const float d = to_f(v[k].v[e]) - 0.5f * mean;")
+        assert text != text_of(family)
+        case = tmp_path / f"cands_{family}"
+        (case / "cuda").mkdir(parents=True)
+        if family == "layer_norm":
+            module = _affine(torch.nn.LayerNorm(512)).cuda().eval()
+            fwd = glue(family).replace("module.a, module.b, module.c", "module.weight, module.bias, module.eps")
+            inputs: Any = torch.randn(2, 5, 512, device="cuda") + 1
+        else:
+            module = BertSelfOutput(BertConfig(hidden_size=512, num_attention_heads=8)).cuda().eval()
+            _affine(module.LayerNorm)
+            fwd = glue(family).replace("module.a, module.b, module.c, module.d, module.e",
+                                       "module.dense.weight, module.dense.bias, module.LayerNorm.weight, "
+                                       "module.LayerNorm.bias, module.LayerNorm.eps")
+            inputs = (torch.randn(2, 5, 512, device="cuda"), torch.randn(2, 5, 512, device="cuda") + 1)
+        (case / "cuda" / f"{cls}.py").write_text(text + fwd)
+        rep = _prove(module, inputs, monkeypatch, tmp_path, [f"dir:{case}"])
+        assert rep.status == "eager" and rep.rejected, (family, rep.status, rep.reason)

@@ -13,6 +13,7 @@ import torch
 
 import metal_accel
 from metal_accel.core.candidate import parse_candidate
+from metal_accel.library.families import FAMILIES
 from metal_accel.proof.precision import TOLERANCES
 from metal_accel.report import ModuleReport
 from metal_accel.sandbox.host import load_forward
@@ -34,7 +35,12 @@ GLUE = {
     "GPT2MLP": ("gpt2_mlp", "return gpt2_mlp(x, module.c_fc.weight, module.c_fc.bias, module.c_proj.weight, "
                             "module.c_proj.bias)"),
     "BertIntermediate": ("linear_gelu", "return linear_gelu(x, module.dense.weight, module.dense.bias, {act!r})"),
+    "LayerNorm": ("layer_norm", "return layer_norm(x, module.weight, module.bias, module.eps)"),
+    "BertSelfOutput": ("linear_add_layer_norm", "return linear_add_layer_norm(x, residual, module.dense.weight, "
+                                                "module.dense.bias, module.LayerNorm.weight, module.LayerNorm.bias, "
+                                                "module.LayerNorm.eps)"),
 }
+GLUE["BertOutput"] = GLUE["BertSelfOutput"]
 
 
 def kernel_file(family: str) -> str:
@@ -42,7 +48,8 @@ def kernel_file(family: str) -> str:
 
 
 def with_glue(text: str, cls: str, act: str = "") -> str:
-    return f"{text}\n\ndef forward(module, x):\n    {GLUE[cls][1].format(act=act)}\n"
+    inputs = ", ".join(FAMILIES[GLUE[cls][0]].inputs)
+    return f"{text}\n\ndef forward(module, {inputs}):\n    {GLUE[cls][1].format(act=act)}\n"
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +63,8 @@ def _one_build_dir(shared_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("METAL_ACCEL_BUILD_DIR", str(shared_build))
 
 
-def prove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module, x: torch.Tensor,
-          text: str | None = None, act: str = "") -> ModuleReport:
+def prove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module,
+          x: torch.Tensor | tuple[torch.Tensor, ...], text: str | None = None, act: str = "") -> ModuleReport:
     """optimize() MODULE on the emulator with the library's kernel for its class (or TEXT) as the only
     candidate (ACT: the activation the glue names), from a fresh user cache; returns the module's report. The module keeps its kernel."""
     cls = type(module).__name__
@@ -65,16 +72,18 @@ def prove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: torch.nn.Modu
     (root / "mps-emu").mkdir(parents=True)
     (root / "mps-emu" / f"{cls}.py").write_text(with_glue(text or kernel_file(GLUE[cls][0]), cls, act))
     monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(root / "user_cache"))
-    metal_accel.optimize(module.eval(), (x,), backend="mps-emu", providers=[f"dir:{root}"])
+    metal_accel.optimize(module.eval(), x if isinstance(x, tuple) else (x,), backend="mps-emu",
+                         providers=[f"dir:{root}"])
     (rep,) = [m for m in metal_accel.explain(module).modules if m.module_class.endswith(cls)]
     return rep
 
 
-def assert_proven(rep: ModuleReport, module: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor) -> None:
+def assert_proven(rep: ModuleReport, module: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...],
+                  expected: torch.Tensor) -> None:
     assert rep.status == "kernel" and rep.source.startswith("dir:"), (rep.status, rep.reason, rep.rejected)
     assert rep.speedup is None and "speed not measured" in rep.reason  # correctness only, never speed
     with torch.no_grad():
-        out = module(x)  # now the kernel
+        out = module(*x) if isinstance(x, tuple) else module(x)  # now the kernel
     # the installed kernel runs and agrees with eager in norm (the proof judged each element, with float64 to
     # settle where eager's own rounding in half dtypes is the larger error)
     assert out.dtype == expected.dtype and out.shape == expected.shape and out.stride() == expected.stride()
@@ -104,7 +113,8 @@ def check_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Callable
 
 
 def check_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, old: str, new: str,
-                   module: torch.nn.Module, x: torch.Tensor, why: str, act: str = "") -> None:
+                   module: torch.nn.Module, x: torch.Tensor | tuple[torch.Tensor, ...], why: str,
+                   act: str = "") -> None:
     """The family's kernel with OLD replaced by NEW is rejected for MODULE on X, for a reason naming WHY."""
     text = kernel_file(family)
     assert text.count(old) == 1, old
@@ -319,6 +329,78 @@ def test_linear_gelu_broken_variants_rejected(tmp_path: Path, monkeypatch: pytes
                                              why: str) -> None:
     check_rejected(tmp_path, monkeypatch, "linear_gelu", old, new, _bert_intermediate("gelu", 37)(FP32, 32),
                    torch.randn(1, 7, 32), why, "none")
+
+
+# ---------------------------------------------------------------- 6. layer_norm and linear_add_layer_norm
+
+def _layer_norm(dtype: torch.dtype, h: int, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    m = torch.nn.LayerNorm(h, eps=1e-5)
+    with torch.no_grad():  # nn.LayerNorm starts at ones and zeros: give weight and bias values to apply
+        m.weight.normal_(1.0, 0.3)
+        m.bias.normal_(0.0, 0.3)
+    return m.to(param_dtype or dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_layer_norm_shapes_and_dtypes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_family(tmp_path, monkeypatch, _layer_norm, [
+        ((1, 1, 64), FP32, True), ((2, 7, 64), FP32, True), ((3, 100), FP32, True), ((2, 5, 37), FP32, True),
+        ((2, 6, 64), FP32, False), ((2, 7, 72), FP16, True), ((2, 3, 50), BF16, "sliced")])
+    # float32 weight and bias on bfloat16 activations: the output in x's dtype, as eager's mixed-dtype LayerNorm
+    check_family(tmp_path, monkeypatch, lambda dt, h: _layer_norm(dt, h, FP32), [((2, 7, 64), BF16, True)])
+
+
+def _bert_output(cls: str, dtype: torch.dtype, hidden: int, inner: int) -> torch.nn.Module:
+    from transformers import BertConfig
+    from transformers.models.bert import modeling_bert
+    m = getattr(modeling_bert, cls)(BertConfig(hidden_size=hidden, intermediate_size=inner, num_attention_heads=1))
+    with torch.no_grad():
+        m.dense.weight.normal_(0.0, 0.1)
+        m.dense.bias.normal_(0.0, 0.5)
+        m.LayerNorm.weight.normal_(1.0, 0.3)
+        m.LayerNorm.bias.normal_(0.0, 0.3)
+    return m.to(dtype).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("cls, lead, hidden, dtype", [
+    ("BertSelfOutput", (2, 7), 64, FP32), ("BertSelfOutput", (1, 1), 37, FP32), ("BertOutput", (3,), 48, FP32),
+    ("BertSelfOutput", (2, 5), 64, FP16), ("BertOutput", (2, 3), 40, BF16)])
+def test_linear_add_layer_norm_bert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cls: str,
+                                    lead: tuple[int, ...], hidden: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(hidden)
+    inner = hidden if cls == "BertSelfOutput" else 2 * hidden + 3
+    module = _bert_output(cls, dtype, hidden, inner)
+    inputs = (torch.randn(*lead, inner, dtype=dtype), torch.randn(*lead, hidden, dtype=dtype))
+    with torch.no_grad():
+        expected = module(*inputs)
+    assert_proven(prove(tmp_path, monkeypatch, module, inputs), module, inputs, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("family, old, new, why", [
+    # the mean's partials read before every SIMD-group wrote them (three SIMD-groups per row)
+    ("layer_norm", "part[sg] = float2(s, m);\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
+     "part[sg] = float2(s, m);\n", "data race"),
+    # the unbiased variance
+    ("layer_norm", "q += d * d; }\n        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) "
+     "/ float(D)", "q += d * d; }\n        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) "
+     "/ float(D - 1)", "incorrect"),
+    # the residual left out of the scalar path
+    ("linear_add_layer_norm", "const T t = T(float(hr[j]) + float(rr[j]));", "const T t = T(float(hr[j]));",
+     "incorrect"),
+])
+def test_layer_norm_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, family: str, old: str,
+                                             new: str, why: str) -> None:
+    if family == "layer_norm":
+        D = 264 if why == "data race" else 37
+        module, x = _layer_norm(FP32, D), torch.randn(2, 3, D)
+    else:
+        module, x = _bert_output("BertSelfOutput", FP32, 37, 37), (torch.randn(2, 3, 37), torch.randn(2, 3, 37))
+    check_rejected(tmp_path, monkeypatch, family, old, new, module, x, why)
 
 
 # ---------------------------------------------------------------- the Mac's command, smoke-run on the emulator

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .specs import InputSpec, UnsupportedCall, dtype_name
+from .specs import InputSpec, TensorSpec, UnsupportedCall, dtype_name
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -95,18 +95,18 @@ def entry_key(fingerprint: str, spec: InputSpec, backend: str) -> str:
 
 
 def generic_key(fingerprint: str, spec: InputSpec, backend: str, kind: str = "rows") -> str | None:
-    """The key under which a kernel proven for any leading dimensions of its one input (SHAPE_GENERIC =
-    "rows": the kernel library's) is also stored: the spec without those dimensions (dtype, rank, last
-    dimension, device). KIND "kv" (attention over a KV cache): the spec with the batch and the kv length left
-    out (kv_generic_spec). None for calls of other forms."""
+    """The key under which a kernel proven for any leading dimensions of its inputs (SHAPE_GENERIC =
+    "rows": the kernel library's) is also stored: the spec without those dimensions (each input's dtype,
+    rank, last dimension, device). KIND "kv" (attention over a KV cache): the spec with the batch and the kv
+    length left out (kv_generic_spec). None for calls of other forms: keywords, an argument that is not a
+    tensor, or several inputs whose leading dimensions differ (a broadcast residual is another call)."""
     if kind == "kv":
         generic = kv_generic_spec(spec)
         return hashlib.sha256(f"{fingerprint}\0{generic}\0{backend}".encode()).hexdigest()[:32] if generic else None
-    tensors = spec.tensor_specs()
-    if spec.kwargs or len(spec.args) != 1 or len(tensors) != 1 or not tensors[0].shape:
+    tensors = row_inputs(spec)
+    if tensors is None:
         return None
-    t = tensors[0]
-    rows = f"rows:{t.dtype}:{len(t.shape)}:{t.shape[-1]}:{t.device}"
+    rows = "|".join(f"rows:{t.dtype}:{len(t.shape)}:{t.shape[-1]}:{t.device}" for t in tensors)
     return hashlib.sha256(f"{fingerprint}\0{rows}\0{backend}".encode()).hexdigest()[:32]
 
 
@@ -129,3 +129,14 @@ def kv_generic_spec(spec: InputSpec) -> str | None:
             dims[3] = "L" if dims[3] == length else dims[3]
         parts.append(f"{t.dtype}{dims}{'c' if t.contiguous else 's'}@{t.device}")
     return "kv:" + ";".join(parts)
+
+
+def row_inputs(spec: InputSpec) -> list[TensorSpec] | None:
+    """SPEC's inputs when the call is rows of them: positional tensors only, each of rank 1 or more, all with the
+    first's leading dimensions (a row-wise kernel walks their rows together); None otherwise."""
+    if spec.kwargs or not spec.args or not all(isinstance(a, TensorSpec) and a.shape for a in spec.args):
+        return None
+    tensors: list[TensorSpec] = list(spec.args)  # type: ignore[arg-type]
+    if any(t.shape[:-1] != tensors[0].shape[:-1] for t in tensors):
+        return None
+    return tensors

@@ -38,11 +38,13 @@ def describe(usable: list[str]) -> list[str]:
     names = tuple(dict.fromkeys("mps" if b == "mps-emu" else b for b in usable))
     label = {"mps": "mps" if "mps" in usable else "mps-emu (emulated: correctness only)"}
     lines = []
-    for c in catalog():
+    rows = catalog()
+    width = max(len(c.family) for c in rows)
+    for c in rows:
         here = [f"{label.get(b, b)} ({', '.join(_short(d) for d in dtypes)})"
                 for b, dtypes in c.backends.items() if b in names]
         elsewhere = [b for b in c.backends if b not in names]
-        text = f"library {c.family:12s} " + ("; ".join(here) if here else "no kernel for this machine's backends")
+        text = f"library {c.family:{width}s} " + ("; ".join(here) if here else "no kernel for this machine's backends")
         if elsewhere:
             text += f" [also: {', '.join(elsewhere)}]"
         if c.classes:

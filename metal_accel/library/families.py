@@ -1,6 +1,7 @@
 """The computations the shipped kernel library serves, each with a reference written here in torch.
 
-A family is one computation with one host-function signature, `family(x, *arguments)`: the kernel files
+A family is one computation with one host-function signature, `family(*inputs, *arguments)` (inputs: the call's
+tensor arguments, usually x alone; a fused residual add takes x and residual): the kernel files
 (library/kernels/<backend>/<family>.py) implement it, and a module belongs to it when some binding of its
 tensors and attributes to the arguments makes the reference trace to the same ATen computation as the
 module's own forward (library/match.py). Bindings are proposed from the module's tensors by shape (which
@@ -28,7 +29,7 @@ Arg = tuple[str, Any]
 class Family:
     name: str
     summary: str
-    reference: Callable[..., torch.Tensor]            # reference(x, *arguments), plain torch
+    reference: Callable[..., torch.Tensor]            # reference(*inputs, *arguments), plain torch
     bindings: Callable[[nn.Module, dict[str, torch.Tensor]], Iterator[tuple[Arg, ...]]]
     # the first PREPARED arguments are constants of the module: the kernel file's `<name>_prepare(*them)` turns
     # them into derived tensors once per module state (the candidate's prepare(), core/candidate.py), and the
@@ -36,6 +37,7 @@ class Family:
     prepared: int = 0
     # the generated candidate's SHAPE_GENERIC: "rows" (any leading dimensions of x) or True (any batch size)
     shape_generic: Any = "rows"
+    inputs: tuple[str, ...] = ("x",)                  # the call's positional tensor arguments, in order
 
 
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -59,12 +61,27 @@ def attribute(module: nn.Module, path: str) -> Any:
     return module_config(module.get_submodule(owner))[name]
 
 
+def _float_attrs_deep(module: nn.Module) -> list[str]:
+    """Every plain float attribute of MODULE and its submodules by dotted path (a child norm's eps)."""
+    return [f"{path}.{k}" if path else k for path, sub in module.named_modules(remove_duplicate=False)
+            for k in _float_attrs(sub)]
+
+
 # -- references (the semantics each kernel must reproduce; docs/library.md states them too) ----------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (weight.shape[0],), weight, bias, eps)
+
+
+def linear_add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                          ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(F.linear(x, weight, bias) + residual, (ln_weight.shape[0],), ln_weight, ln_bias, eps)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -134,6 +151,32 @@ def _rms_norm_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> I
         return
     for attr in _float_attrs(module):
         yield ("tensor", path), ("attr", attr)
+
+
+def _layer_norm_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    if len(tensors) != 2 or any(t.dim() != 1 for t in tensors.values()):
+        return
+    a, b = tensors
+    if tensors[a].shape != tensors[b].shape:
+        return
+    for eps in _float_attrs_deep(module):
+        for weight, bias in ((a, b), (b, a)):
+            yield ("tensor", weight), ("tensor", bias), ("attr", eps)
+
+
+def _linear_add_layer_norm_bindings(module: nn.Module,
+                                    tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
+    mats = [p for p, t in tensors.items() if t.dim() == 2]
+    vecs = [p for p, t in tensors.items() if t.dim() == 1]
+    if len(tensors) != 4 or len(mats) != 1 or len(vecs) != 3:
+        return
+    w = mats[0]
+    out = tensors[w].shape[0]
+    if any(tensors[v].shape[0] != out for v in vecs):
+        return
+    for eps in _float_attrs_deep(module):
+        for b, lw, lb in itertools.permutations(vecs):
+            yield ("tensor", w), ("tensor", b), ("tensor", lw), ("tensor", lb), ("attr", eps)
 
 
 def _gated_mlp_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[tuple[Arg, ...]]:
@@ -238,6 +281,11 @@ def _conv_bn_act_bindings(module: nn.Module, tensors: dict[str, torch.Tensor]) -
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("rms_norm", "RMSNorm computed in float32, weight applied in the input's dtype (Llama, Qwen2, Mistral)",
            rms_norm, _rms_norm_bindings),
+    Family("layer_norm", "LayerNorm over the last dim with weight and bias, as nn.LayerNorm (BERT, GPT-2, ViT)",
+           layer_norm, _layer_norm_bindings),
+    Family("linear_add_layer_norm", "LayerNorm(Linear(x) + residual): the GEMM in torch, add + LayerNorm fused "
+           "(BERT's and RoBERTa's SelfOutput and Output)", linear_add_layer_norm, _linear_add_layer_norm_bindings,
+           inputs=("x", "residual")),
     Family("gated_mlp", "down(act(gate(x)) * up(x)) without biases, act SiLU or GELU (Llama, Qwen2, Mistral MLPs; T5 gated-gelu)",
            gated_mlp, _gated_mlp_bindings),
     Family("gelu_tanh", "GELU, tanh approximation written out (GPT-2's NewGELUActivation)", gelu_tanh,

@@ -1,8 +1,9 @@
 """The shipped kernel library as a candidate provider: kernels for what a module computes, whatever its class.
 
-For a call whose module matches a family (match.py), the provider proposes the family's kernel file for the
-backend with a generated forward that binds the module's own attributes; the pipeline then proves, times,
-caches and installs it like any candidate, on this device, before it ever runs. Kernel files are read from
+For a call whose module matches a family (match.py; the call's tensor arguments are the family's inputs), the
+provider proposes the family's kernel file for the backend with a generated forward that binds the module's own
+attributes; the pipeline then proves, times, caches and installs it like any candidate, on this device, before it
+ever runs. Kernel files are read from
 library/kernels/<backend>/<family>.py; a file may list the dtypes it serves (`DTYPES = ("float32", ...)`),
 and only calls whose input has one of them are proposed.
 """
@@ -54,10 +55,10 @@ class LibraryProvider:
 
     def match(self, request: SynthesisRequest) -> Match | None:
         spec = request.input_spec
-        if spec.kwargs or len(spec.args) != 1 or not isinstance(spec.args[0], TensorSpec):
+        if spec.kwargs or not spec.args or not all(isinstance(a, TensorSpec) for a in spec.args):
             return None
-        x = example_input(spec.args[0], request.module)
-        return match_call(request.module, (x,), {})
+        inputs = tuple(example_input(a, request.module) for a in spec.args)  # type: ignore[arg-type]
+        return match_call(request.module, inputs, {})
 
     def propose(self, request: SynthesisRequest) -> list[ProposedText]:
         found = self.match(request)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
+from ..core.keys import row_inputs
 from ..core.specs import InputSpec, TensorSpec
 
 DISTRIBUTIONS = ("normal", "uniform", "large", "negative", "small")
@@ -259,19 +260,22 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def rows_sweep_specs(spec: InputSpec) -> list[InputSpec]:
-    """Variants of a one-input SPEC with the input's leading dimensions (all but the last) changed, for
-    kernels that treat their input as rows of its last dimension (SHAPE_GENERIC = "rows", the library's):
-    a single row (a decode step's shape) and an odd number of rows in the next-to-last dimension."""
-    tensors = spec.tensor_specs()
-    if len(tensors) != 1 or len(tensors[0].shape) < 2:
+    """Variants of SPEC with its inputs' leading dimensions (all but the last) changed together, for kernels
+    that treat their inputs as rows of their last dimension (SHAPE_GENERIC = "rows", the library's): a single
+    row (a decode step's shape) and an odd number of rows in the next-to-last dimension. Calls that are not
+    rows of their inputs (keys.row_inputs: one input, or several of the same leading dimensions) get none."""
+    tensors = row_inputs(spec)
+    if tensors is None or len(tensors[0].shape) < 2:
         return []
-    x = tensors[0]
-    lead = x.shape[:-1]
-    shapes = {(1,) * len(lead) + x.shape[-1:], (*lead[:-1], 2 * lead[-1] + 1, x.shape[-1])} - {x.shape}
+    lead = tensors[0].shape[:-1]
+    leads = {(1,) * len(lead), (*lead[:-1], 2 * lead[-1] + 1)} - {lead}
 
-    def variant(shape: tuple[int, ...]) -> InputSpec:
-        return spec.map_tensors(lambda s: TensorSpec(shape, s.dtype, _contiguous(shape), s.device, s.value_range))
-    return [variant(shape) for shape in sorted(shapes)]
+    def variant(new: tuple[int, ...]) -> InputSpec:
+        def resize(s: TensorSpec) -> TensorSpec:
+            shape = (*new, s.shape[-1])
+            return TensorSpec(shape, s.dtype, _contiguous(shape), s.device, s.value_range)
+        return spec.map_tensors(resize)
+    return [variant(new) for new in sorted(leads)]
 
 
 def kv_sweep_specs(spec: InputSpec) -> list[InputSpec]:
