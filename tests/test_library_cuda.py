@@ -501,7 +501,9 @@ def test_gpu_library_proves_every_family_on_real_classes(dtype: torch.dtype, mon
         module = make().to("cuda", dtype).eval()
         x = torch.randn(shape, device="cuda", dtype=dtype)
         rep = _prove(module, x, monkeypatch, tmp_path)
-        assert not rep.rejected and (rep.status == "kernel" or rep.kernel_us is not None), (family, rep.reason)
+        # proven on the GPU (timed only once correct); slower than eager is allowed (LayerNorm's eager is one op)
+        assert rep.kernel_us is not None, (family, rep.reason)
+        assert all(": not faster" in r for r in rep.rejected), (family, rep.rejected)
 
 
 @pytest.mark.cuda

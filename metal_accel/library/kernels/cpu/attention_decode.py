@@ -16,8 +16,7 @@ SOURCE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <vector>
+#include <cstdlib>
 #include <omp.h>
 
 static inline float bf16_to_f32(uint16_t b) {
@@ -73,7 +72,7 @@ static void attend_one(const T* q, const T* kb, const T* vb, const uint8_t* mb, 
                        int64_t msh, int mask_kind, float* s, float* qf, float* kt, float* sums) {
   const int64_t D = DC ? DC : Dr;
   const int64_t Gp = (G + RB - 1) / RB * RB;
-  const float ninf = -std::numeric_limits<float>::infinity();
+  const float ninf = -__builtin_inff();
   for (int64_t r = 0; r < Gp; ++r)
     for (int64_t d = 0; d < D; ++d) qf[r * D + d] = r < G ? ld(q[(b * Hq + g * G + r) * D + d]) * scale : 0.0f;
   // scores: a block of JB keys transposed (d-major), then RB heads x JB keys accumulated in vectors
@@ -115,7 +114,7 @@ static void attend_one(const T* q, const T* kb, const T* vb, const uint8_t* mb, 
       nan |= sr[j] != sr[j];
       m = sr[j] > m ? sr[j] : m;
     }
-    if (nan) m = std::numeric_limits<float>::quiet_NaN();  // NaN scores: the whole row is NaN, as in SDPA
+    if (nan) m = __builtin_nanf("");  // NaN scores: the whole row is NaN, as in SDPA
     if (m == ninf) {  // every position masked: SDPA gives zeros (weights 0, sum marked -inf)
       for (int64_t j = 0; j < L; ++j) sr[j] = 0.0f;
       sums[r] = ninf;
@@ -164,22 +163,29 @@ static void decode(const T* q, const T* k, const T* v, const uint8_t* mb, const 
   #pragma omp parallel if (B * Hq * L * D > 65536)
   {
     const int64_t Gp = (G + RB - 1) / RB * RB;
-    std::vector<float> s((size_t)(G * L)), qf((size_t)(Gp * D)), kt((size_t)(D * JB)), sums((size_t)Gp);
+    // scratch of this thread; plain malloc: std::vector pulled a thread-local object into the library with
+    // GCC 13's headers (a TLS segment, which the binary check rejects)
+    float* scratch = static_cast<float*>(std::malloc(sizeof(float) * (size_t)(G * L + Gp * D + D * JB + Gp)));
+    float* s = scratch;
+    float* qf = s + G * L;
+    float* kt = qf + Gp * D;
+    float* sums = kt + D * JB;
     #pragma omp for schedule(static)
     for (int64_t t = 0; t < B * Hkv; ++t) {
       const int64_t b = t / Hkv, g = t % Hkv;
       const T* kb = k + t * L * D;
       const T* vb = v + t * L * D;
       if (D == 64)
-        attend_one<T, 64>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s.data(),
-                          qf.data(), kt.data(), sums.data());
+        attend_one<T, 64>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s,
+                          qf, kt, sums);
       else if (D == 128)
-        attend_one<T, 128>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s.data(),
-                           qf.data(), kt.data(), sums.data());
+        attend_one<T, 128>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s,
+                           qf, kt, sums);
       else
-        attend_one<T, 0>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s.data(),
-                         qf.data(), kt.data(), sums.data());
+        attend_one<T, 0>(q, kb, vb, mb, mf, out, b, g, Hq, G, L, D, scale, msb, msh, mask_kind, s,
+                         qf, kt, sums);
     }
+    std::free(scratch);
   }
 }
 
