@@ -297,6 +297,7 @@ def test_import_alone_runs_library_kernels_on_known_classes(fixture_kernels, iso
     assert "LlamaRMSNorm" in res["patched"]
     assert res["hits"] == 4, out.stderr  # proven at the first call, then run from the table
     assert out.stderr.count("proving the library's") == 1, out.stderr
+    assert "proving cached kernel" not in out.stderr, out.stderr  # the other row count: the generic verdict, as sealed
     assert res["max_err"] < 1e-5
     # the proof's verdict is in the user cache: a new process runs the kernel without proving it again
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=HANG_S)

@@ -49,22 +49,23 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
         return None
     key = entry_key(fingerprint, spec, backend.name)
     entry = cache_mod.lookup(backend.name, key)
+    stored = entry  # the entry as stored: its verdicts are sealed as they are there
     if entry is None:
         generic = generic_key(fingerprint, spec, backend.name)
-        entry = cache_mod.lookup(backend.name, generic) if generic else None
-        if entry is not None and entry.candidate is not None \
-                and declared_shape_generic(entry.candidate.code) == "rows":
-            with torch.inference_mode(), eager_only():  # the op is made for this call's own shapes
-                entry = dataclasses.replace(entry, input_spec=spec,
+        stored = cache_mod.lookup(backend.name, generic) if generic else None
+        if stored is not None and stored.candidate is not None \
+                and declared_shape_generic(stored.candidate.code) == "rows":
+            with torch.inference_mode(), eager_only():  # the op is made for this call's own shapes, under its own key
+                entry = dataclasses.replace(stored, key=key, input_spec=spec, verdicts=dict(stored.verdicts),
                                             output_spec=OutputSpec.of(eager_forward(module)(*args, **kwargs)))
         else:
-            entry = None
+            stored = None
     if entry is None and prove_here and config.current().library:
         return _library_kernel(module, args, kwargs, spec, fingerprint, key, backend)
     if entry is None or entry.candidate is None or entry.output_spec is None:
         return None
     env = backend.environment()
-    verdict = entry.verdict_for(env)
+    verdict = (stored or entry).verdict_for(env)  # a shape-generic verdict is read from its own entry
     cand = entry.candidate
     if cand.is_builtin:  # torch.compile runs only where optimize() put it: compiling here would stall a call
         return None      # path the user never optimized, for seconds
