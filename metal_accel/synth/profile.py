@@ -22,7 +22,8 @@ from ..runtime.dispatch import eager_only
 from ..runtime.ops import KernelOp, ModuleLayout
 
 log = logging.getLogger(__name__)
-MAX_CHARS = 900          # the whole profile text, cut beyond
+MAX_CHARS = 1200         # the whole profile text, cut beyond (at a line)
+_CUT = "\n...(cut)"
 MAX_NAME = 60            # a kernel or op name, cut beyond
 _OP_PREFIX = "metal_accel::k_"  # the candidate's custom op (runtime/ops.py), as the profiler names it
 EMULATOR_NOTE = ("No timing profile: the MSL emulator runs Metal kernels on the CPU, so its times say nothing "
@@ -68,19 +69,15 @@ def kernel_profile(module: nn.Module, spec: InputSpec, op: KernelOp, backend: st
 
         with torch.inference_mode():
             if device.type == "cuda":
-                ours, theirs = profile_cuda(mine, reps), profile_cuda(eager, reps)
-                head = f"Profile (torch.profiler, CUDA kernels, per call, {reps} calls each):"
-                what = "GPU busy"
-            elif device.type == "mps":
+                return render(f"Profile (torch.profiler, CUDA kernels, per call, {reps} calls each):", "GPU busy",
+                              profile_cuda(mine, reps), profile_cuda(eager, reps), top, device_side=True)
+            if device.type == "mps":
                 return profile_mps_text(mine, eager, reps)
-            else:
-                ours, theirs = profile_cpu(mine, reps), profile_cpu(eager, reps)
-                head = f"Profile (torch.profiler, CPU self time of ops, per call, {reps} calls each):"
-                what = "in ops"
+            return render(f"Profile (torch.profiler, CPU self time of ops, per call, {reps} calls each):",
+                          "in ops", profile_cpu(mine, reps), profile_cpu(eager, reps), top, device_side=False)
     except Exception as exc:  # a profile is a hint; never fail a round over it
         log.debug("metal_accel: profiling the candidate of %s failed: %s", type(module).__name__, exc)
         return ""
-    return render(head, what, ours, theirs, top, device_side=device.type == "cuda")
 
 
 def _device(spec: InputSpec, module: nn.Module) -> torch.device:
@@ -159,7 +156,9 @@ def render(head: str, what: str, ours: Side, theirs: Side, top: int, *, device_s
             lines.append(f"  {name}: {r.calls / side.reps:g} per call, {r.us / side.reps:.1f} µs "
                          f"({100 * r.us / total:.0f}%)")
     text = "\n".join(lines)
-    return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 8] + "\n...(cut)"
+    if len(text) <= MAX_CHARS:
+        return text
+    return text[:text.rfind("\n", 0, MAX_CHARS - len(_CUT))] + _CUT  # whole lines only
 
 
 # ---------------------------------------------------------------- Metal (MPS)
