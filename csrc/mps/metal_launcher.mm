@@ -21,6 +21,11 @@
 //   launch(str key, str kernel, Tensor(a!)[] buffers, int[] buffer_index, Tensor scalar_bytes,
 //          int[] scalar_index, int[] scalar_offset, int[] scalar_size, int[] threads, int[] group_size) -> ()
 //   device_name() -> str                                MTLDevice.name
+//   gpu_time_mark() -> ()                               a completion handler on the stream's current command
+//                                                        buffer adds its GPUEndTime - GPUStartTime to a total
+//   gpu_time_take() -> float[]                           [GPU seconds, command buffers] since the last take
+//                                                        (then reset); call after torch.mps.synchronize()
+//   (gpu_time_*: the synthesis profile of issue 30; UNTESTED ON REAL HARDWARE, docs/metal.md)
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -263,6 +268,31 @@ void launch(std::string key, std::string kernel, at::TensorList buffers, at::Int
   });
 }
 
+std::mutex g_time_mutex;
+double g_gpu_seconds = 0.0;  // guarded by g_time_mutex, written by completion handlers on Metal's threads
+int64_t g_gpu_buffers = 0;
+
+void gpu_time_mark() {
+  // MPSStream::addCompletedHandler adds the block to the stream's current command buffer (creating one
+  // if none is open) on its serial queue, as PyTorch's own MPS events and profiler do.
+  at::mps::getCurrentMPSStream()->addCompletedHandler(^(id<MTLCommandBuffer> buffer) {
+    const double seconds = [buffer GPUEndTime] - [buffer GPUStartTime];
+    std::lock_guard<std::mutex> guard(g_time_mutex);
+    if (seconds > 0) {
+      g_gpu_seconds += seconds;
+    }
+    g_gpu_buffers += 1;
+  });
+}
+
+std::vector<double> gpu_time_take() {
+  std::lock_guard<std::mutex> guard(g_time_mutex);
+  std::vector<double> out{g_gpu_seconds, static_cast<double>(g_gpu_buffers)};
+  g_gpu_seconds = 0.0;
+  g_gpu_buffers = 0;
+  return out;
+}
+
 std::string device_name() {
   @autoreleasepool {
     return to_std([device() name]);
@@ -280,6 +310,8 @@ TORCH_LIBRARY(metal_accel_ext, m) {
         "int[] scalar_index, int[] scalar_offset, int[] scalar_size, int[] threads, int[] group_size) -> ()",
         &metal_accel_ext::launch);
   m.def("device_name() -> str", &metal_accel_ext::device_name);
+  m.def("gpu_time_mark() -> ()", &metal_accel_ext::gpu_time_mark);
+  m.def("gpu_time_take() -> float[]", &metal_accel_ext::gpu_time_take);
 }
 
 // An importable, empty Python module: importing it runs the TORCH_LIBRARY registration above

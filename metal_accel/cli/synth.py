@@ -53,7 +53,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="token cap for the whole run")
     p.add_argument("--max-wall", type=float, default=None, help="seconds cap for the whole run")
     p.add_argument("--all-modules", action="store_true", help="also synthesize the Model's submodules")
-    p.add_argument("--no-profile", action="store_true", help="leave the profiler breakdown out of prompts")
+    p.add_argument("--no-profile", action="store_true", help="leave the profiles (eager, and the kernel in speed rounds) out of prompts")
     p.add_argument("--json", action="store_true", help="print the reports as JSON lines")
     p.add_argument("--restart", action="store_true",
                    help="redo problems an earlier run of the same command finished (default: resume after them)")

@@ -23,6 +23,7 @@ from .lanes import lane_for
 from .facts import device_facts, eager_time_us, op_multiset, proof_facts, signature
 from .memo import AnswerCache
 from .models import MODELS_ENV, ModelSpec, ProviderConfigError, resolve_models
+from .profile import kernel_profile
 from .prompts import Prompt, build_prompt
 from .session import ClientFactory, ModuleSession, RequestGate
 from .settings import SynthSettings
@@ -145,6 +146,9 @@ class SynthesisLoop:
                 finally:
                     session.inflight.set_evaluating(False)
                 record.add_evaluation(ev, time.monotonic() - t0)
+                if s.profile and s.speed_rounds > 0 and ev.verdict.accepted and ev.op is not None:
+                    session.profiles[cand.digest] = kernel_profile(request.module, request.input_spec, ev.op,
+                                                                   request.backend)
             done.append(ev)
             return ev
 

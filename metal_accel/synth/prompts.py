@@ -301,8 +301,9 @@ def _best_line(best: Best | None, this_origin: str) -> str:
 
 
 def feedback_speed(ev: Evaluation, best: Best | None, compile_us: float | None, rounds_left: int, *,
-                   duplicate: bool = False) -> str:
-    """A correct kernel that is not yet the fastest: its measured standing, and a request for a faster one."""
+                   duplicate: bool = False, profile: str = "") -> str:
+    """A correct kernel that is not yet the fastest: its measured standing, the profile of its kernel next to
+    eager's where the device gives one (`synth/profile.py`), and a request for a faster one."""
     v = ev.verdict
     kernel = v.kernel_us or 0.0
     dup = "Your answer is identical to a candidate already evaluated. " if duplicate else ""
@@ -315,9 +316,8 @@ def feedback_speed(ev: Evaluation, best: Best | None, compile_us: float | None, 
     if best is not None and best.origin != ev.candidate.origin and (v.speedup or 0) < best.speedup:
         us = f" ({best.kernel_us:.1f} µs)" if best.kernel_us else ""
         lines.append(f"Another candidate is faster: {best.speedup:.2f}x eager{us}.")
-    profile = v.details.get("kernel_profile") if isinstance(v.details, dict) else None
     if profile:
-        lines.append("Profile of your kernel:\n" + str(profile))
+        lines.append(profile)
     lines.append(f"Make it faster (the fastest correct candidate is used; {rounds_left} more answer"
                  f"{'s' if rounds_left != 1 else ''} for speed): reply with one improved ```python block.")
     return "\n".join(lines)

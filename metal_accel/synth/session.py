@@ -97,6 +97,7 @@ class ModuleSession:
         self.gate = gate or RequestGate(settings.concurrency)
         self._bar: tqdm | None = None
         self._stored: dict[str, dict] = {}  # request key -> the stored answer's document (replayed answers)
+        self.profiles: dict[str, str] = {}  # candidate digest -> its profile next to eager's (profile.py), if any
 
     async def run(self, submit: AsyncEvaluate) -> None:
         self._submit = submit
@@ -328,7 +329,8 @@ class ModuleSession:
                 if rnd + 1 >= limit or self._is_fastest(ev) or self.budget.exceeded():
                     return
                 reply(comp.text, redact(feedback_speed(ev, self.best, self.request.compile_us, limit - rnd - 1,
-                                                       duplicate=duplicate)))
+                                                       duplicate=duplicate,
+                                                       profile=self.profiles.get(cand.digest, ""))))
                 continue
             # verdict reasons may quote compiler output or a crash: nothing of this machine goes to the LLM
             reply(comp.text, redact(feedback_for(ev, self.best, duplicate=duplicate)))

@@ -54,7 +54,7 @@ class SynthSettings:
     run_limits: Limits = DEFAULT_RUN_LIMITS
     prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # USD/M tokens by exact name or 'prefix*'
     only_classes: tuple[str, ...] = ()  # synthesize only these classes (name or qualified path); () = all
-    profile: bool = True                # include a torch.profiler breakdown of the eager forward
+    profile: bool = True                # profiles in prompts: the eager forward, and a kernel in speed rounds
     references: bool = True             # include reference kernels from the caches
     progress: bool | None = None        # tqdm bars; None: when attached to a terminal
     answer_cache: bool = True           # keep answers by exact request and replay them (METAL_ACCEL_ANSWER_CACHE=0: off)
