@@ -14,7 +14,7 @@ HEADERS: dict[str, frozenset[str]] = {
     "c++": frozenset({
         "cstdint", "stdint.h", "cstddef", "stddef.h", "cmath", "math.h", "cfloat", "float.h", "climits",
         "limits.h", "limits", "cstring", "string.h", "algorithm", "type_traits", "utility", "array",
-        "numeric", "cstdlib", "stdlib.h", "immintrin.h", "x86intrin.h", "arm_neon.h", "omp.h", "ma_vecmath.h", "vector",
+        "numeric", "cstdlib", "stdlib.h", "immintrin.h", "x86intrin.h", "arm_neon.h", "omp.h", "ma_vecmath.h", "ma_bf16.h", "vector",
     }),
     "cuda": frozenset({
         "cstdint", "stdint.h", "cstddef", "cmath", "math.h", "cfloat", "climits", "limits", "type_traits",

@@ -18,21 +18,8 @@ SOURCE = r"""
 #include <cstring>
 #include <cstdlib>
 #include <omp.h>
+#include "ma_bf16.h"
 
-static inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// round to nearest even, NaN kept NaN (as torch's conversion)
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return f != f ? (uint16_t)0x7fc0 : (uint16_t)r;
-}
 
 static inline float ld(float v) { return v; }
 static inline float ld(uint16_t v) { return bf16_to_f32(v); }
