@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..backends.base import Backend
+from ..core import config as settings
 from .attention import AttentionRouter, ships_for, signature
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def attach(model: nn.Module, backend: Backend, *, kv_length: int = 64) -> str:
     """Switch an HF model whose attention is "sdpa" to ours on BACKEND, and prove its decode signatures now;
     returns a line for the report ('' when the model is not such a model or no kernel ships)."""
     config = getattr(model, "config", None)
-    if config is None or not hasattr(model, "set_attn_implementation") or not available():
+    if not settings.current().library or config is None or not hasattr(model, "set_attn_implementation") \
+            or not available():
         return ""
     current = getattr(config, "_attn_implementation", None)
     if current == NAME:
@@ -103,8 +105,10 @@ def attach(model: nn.Module, backend: Backend, *, kv_length: int = 64) -> str:
     router = router_for(backend)
     router.proving = True
     proven = _prove_decode(model, router, param, kv_length)
-    return (f"attention: HF sdpa -> {NAME} (decode kernels where proven here, HF's sdpa otherwise): "
-            + ("; ".join(proven) if proven else "no attention module found"))
+    if not any(p.split(": ", 1)[1].startswith("kernel") for p in proven):  # nothing to route: the model as it was
+        detach(model)
+        return "attention: sdpa kept (" + ("; ".join(proven) if proven else "no attention module found") + ")"
+    return f"attention: HF sdpa -> {NAME} (decode kernels where proven here, HF's sdpa otherwise): " + "; ".join(proven)
 
 
 def _prove_decode(model: nn.Module, router: AttentionRouter, param: torch.Tensor, kv_length: int) -> list[str]:
