@@ -245,7 +245,9 @@ def test_a_failing_remote_kernel_is_switched_off_and_the_module_runs_eager(tmp_p
     folder.mkdir(parents=True)
     (folder / "c.py").write_text(crash)
     model = Net().eval()
-    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[f"dir:{tmp_path / 'cands'}"])
+    # installed whatever its speed on this (possibly busy) machine: the test is about the failure path
+    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[f"dir:{tmp_path / 'cands'}"], margin=-0.9,
+                         end_to_end=False)
     assert next(m for m in metal_accel.explain(model).modules if m.name == "chain").status == "kernel"
     x = torch.randn(4, 256)
     x[0, 0] = 12345.0  # no trial holds this value: the kernel crashes its server here; this process goes on
