@@ -54,3 +54,18 @@ def test_cached_verdicts_measured_once_are_doubted_but_not_those_timed_twice():
                                                                              "speedup": 1.3, "accepted": True})
     assert implausible_verdict(20.0, "20.00x eager over 30 pairs (timed twice: ...)", None) == ""
     assert implausible_verdict(1.3, "1.30x eager over 30 interleaved pairs", None) == ""
+
+
+def test_a_negative_margin_accepts_a_slower_kernel_and_the_bound_is_judged_against_it():
+    # the kernel is 0.8x eager on every pair: not faster, but within what margin=-0.5 allows
+    timer = scripted([0.0008] * 30)
+    gate = dict(timer=timer, min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0, extra_looks=0)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], margin=-0.5, **gate)
+    assert res.accepted and abs(res.speedup - 0.8) < 1e-6, res
+    timer = scripted([0.0008] * 30)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], margin=0.0, **{**gate, "timer": timer})
+    assert not res.accepted and "not faster" in res.reason, res
+    # a bound below the (negative-margin) floor still rejects: half the pairs at 0.3x
+    timer = scripted([0.0003, 0.0012] * 15)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], margin=-0.4, **{**gate, "timer": timer})
+    assert not res.accepted and "within noise" in res.reason, res

@@ -154,7 +154,8 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
 
     Accepted when the median speedup is at least 1 + margin and, with 99% confidence, the kernel wins
     the typical pair: the distribution-free lower confidence bound of the median per-pair ratio
-    (eager time / kernel time of the same pair) is above 1. (A rule of winning three quarters of the
+    (eager time / kernel time of the same pair) is above 1 (above 1 + margin for a negative margin,
+    which asks for a kernel at most that much slower). (A rule of winning three quarters of the
     pairs, used before, rejected clear wins of short calls on a noisy 2-core machine: 1.38x median,
     500 pairs.) With `check`, about one pair in `check_every`, chosen at random, has its outputs
     compared outside the timed region, and every input set at least once per measurement, so a
@@ -192,13 +193,13 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
                            statistics.median(k_times) * 1e6 if k_times else 0.0, 0.0, 0.0, 0.0, 0.0, rep, False,
                            f"unreliable timing: the timer refused {refused} samples in {attempt + 1} attempts "
                            f"({rejected} in the last, over {rep} pairs; device and host clocks disagree)", refused)
-    looks = 0
+    looks, floor = 0, min(1.0, 1 + margin)
     while True:
         e_med, k_med = statistics.median(e_times), statistics.median(k_times)
         speedup = e_med / k_med if k_med > 0 else float("inf")
         ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
         p25, low = _quantile(ratios, 0.25), median_lower_bound(ratios, LATER_LOOK_Z if looks else CONFIDENCE_Z)
-        if speedup < 1 + margin or low > 1.0 or looks >= extra_looks or rep >= max_reps:
+        if speedup < 1 + margin or low > floor or looks >= extra_looks or rep >= max_reps:
             break
         looks += 1
         more_e, more_k, more, rejected, unreliable = _sample_pairs(
@@ -210,7 +211,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     bound = "99.5% bound, after more pairs" if looks else "99% bound"
     if speedup < 1 + margin:
         accepted, reason = False, f"not faster: {speedup:.2f}x eager (needs >= {1 + margin:.2f}x)"
-    elif low <= 1.0:
+    elif low <= floor:
         accepted, reason = False, (f"within noise: median {speedup:.2f}x eager but over {rep} interleaved pairs "
                                    f"the median pair's speedup may be as low as {low:.2f}x ({bound})")
     else:

@@ -19,7 +19,7 @@ import metal_accel
 from metal_accel.runtime import native_policy
 from metal_accel.core.candidate import parse_candidate
 
-from harness import candidate_dir, kernel_with, markers, run_attack
+from harness import ANY_SPEED, candidate_dir, kernel_with, markers, run_attack
 from toymodels import Net
 
 pytestmark = [pytest.mark.needs_cxx, pytest.mark.slow]
@@ -64,7 +64,7 @@ def triggered_input() -> torch.Tensor:
 
 def optimize_with(tmp_path: Path, text: str) -> tuple[Net, metal_accel.ModuleReport]:
     model = Net().eval()
-    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidate_dir(tmp_path, text)])
+    metal_accel.optimize(model, (torch.randn(4, 256),), providers=[candidate_dir(tmp_path, text)], **ANY_SPEED)
     return model, next(m for m in metal_accel.explain(model).modules if m.name == "chain")
 
 

@@ -12,7 +12,7 @@ import metal_accel
 from metal_accel.api import GRAD_NOTE
 from metal_accel.runtime.model_state import StateGuard, bit_equal
 
-from harness import candidate_dir, kernel_with, run_attack
+from harness import ANY_SPEED, candidate_dir, kernel_with, run_attack
 from toymodels import GOOD, Net
 
 pytestmark = pytest.mark.needs_cxx
@@ -81,7 +81,7 @@ def test_train_mode_model_is_untouched_by_optimize_and_restore(tmp_path, with_ca
 def test_an_installed_kernel_runs_only_in_eval_mode(tmp_path):
     model, x = Net().train(), torch.randn(4, 256)
     with pytest.warns(UserWarning, match="training mode"):
-        metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, GOOD)], progress=False)
+        metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, GOOD)], progress=False, **ANY_SPEED)
     chain = next(m for m in metal_accel.explain(model).modules if m.name == "chain")
     assert chain.status == "kernel", chain
     assert any("training mode" in n for n in chain.notes)
@@ -168,7 +168,7 @@ def test_bit_equal_sees_nan_payloads_and_signed_zeros():
 @pytest.mark.slow
 def test_grad_mode_is_reported_and_warned(tmp_path):
     model, x = Net().eval(), torch.randn(4, 256)
-    metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, GOOD)], progress=False)
+    metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, GOOD)], progress=False, **ANY_SPEED)
     chain = next(m for m in metal_accel.explain(model).modules if m.name == "chain")
     assert chain.status == "kernel"
     assert any(GRAD_NOTE in n for n in chain.notes)
