@@ -241,7 +241,12 @@ def _report_summary(model: Any) -> dict:
     return {"module_calls": len(rep.modules), "status": dict(status), "replaced": replaced[:40],
             "library_kernels": dict(library),  # shipped library kernels installed, by family (issue 29)
             "eager_reasons": [[r, n] for r, n in reasons.most_common(8)], "notes": list(rep.notes)[:10],
-            "backend": rep.backend, "end_to_end": rep.end_to_end}
+            "backend": rep.backend, "end_to_end": rep.end_to_end,
+            # where optimize()'s time went (issue 27 item 5): stages, and the module decisions by kind of proof
+            "stage_s": {k: round(v, 2) for k, v in rep.stage_s.items()},
+            "module_s": {k: round(v, 2) for k, v in rep.module_s.items()},
+            "slowest_modules": [[m.name, m.status, round(m.elapsed_s, 2)]
+                                for m in sorted(rep.modules, key=lambda m: -m.elapsed_s)[:8]]}
 
 
 def _generate_ids(model: Any, prompt: Any, new: int) -> Any:
@@ -394,7 +399,10 @@ def run_warm(name: str, device: str, dtype_name: str) -> dict:
     t0 = time.perf_counter()
     metal_accel.optimize(model, args, b.kwargs or None, workload=workload_of(b, args))
     out["optimize_warm_s"] = time.perf_counter() - t0
-    e2e = metal_accel.explain(model).end_to_end or {}
+    warm_rep = metal_accel.explain(model)
+    out["warm_stage_s"] = {k: round(v, 2) for k, v in warm_rep.stage_s.items()}
+    out["warm_module_s"] = {k: round(v, 2) for k, v in warm_rep.module_s.items()}
+    e2e = warm_rep.end_to_end or {}
     out["warm_end_to_end"] = {k: e2e.get(k) for k in ("cached", "outcome", "dropped")}
     with torch.inference_mode():
         sync()

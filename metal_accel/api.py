@@ -28,7 +28,7 @@ from .library import hf_attention
 from .model_choice import WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
-from .report import OptimizeReport
+from .report import MODULES, OptimizeReport, clock
 from .runtime.capture import ModuleCall, capture
 from .runtime.dispatch import dispatcher_of, uninstall
 from .runtime.model_state import StateGuard
@@ -119,24 +119,30 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         plan = GuardedPipeline(be, build_providers(providers, synthesize=synthesize, models=models,
                                                    settings=synth_settings, strict=strict, progress=progress),
                                settings=settings, strict=strict, guard=guard)
+        t0 = time.perf_counter()
         calls = capture(model, args, example_kwargs, sync=be.synchronize, workload=workload)
+        captured_s = time.perf_counter() - t0
     except MetalAccelError as exc:
         if strict:
             raise
         log.warning("metal_accel: model left unchanged: %s", exc)
         return OptimizeReport(str(backend or "auto"), f"unavailable: {exc}")
     plan.set_model(model)
-    report = OptimizeReport(be.name, be.environment().device_name)
-    for i, call in enumerate(tqdm(calls, desc="metal_accel", unit="module",
-                                  disable=None if progress is None else not progress, leave=False)):
-        t0 = time.perf_counter()
-        rep = plan.process(call)
-        report.modules.append(rep)
-        # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
-        log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
-                 rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
-                 time.perf_counter() - t0)
-    attention = _attach_attention(model, be, strict)
+    report = OptimizeReport(be.name, be.environment().device_name, stage_s={"capture": captured_s},
+                            module_s=plan.stage_s)
+    with clock(report.stage_s, MODULES):
+        for i, call in enumerate(tqdm(calls, desc="metal_accel", unit="module",
+                                      disable=None if progress is None else not progress, leave=False)):
+            rep = plan.process(call)
+            report.modules.append(rep)
+            # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
+            log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
+                     rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
+                     rep.elapsed_s)
+    proving = sum(plan.stage_s.values())
+    plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
+    with clock(report.stage_s, "attention kernels"):
+        attention = _attach_attention(model, be, strict)
     if attention:
         report.notes.append(attention)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
@@ -147,15 +153,17 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                                     workload=getattr(workload, "__qualname__", "workload") if workload else "")
     cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
     if cached is not None:
-        e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
-                            lambda: whole_model_op(model, bool(cached.end_to_end.get("whole_with_kernels"))))
+        with clock(report.stage_s, "end-to-end choice (cached verdict)"):
+            e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
+                                lambda: whole_model_op(model, bool(cached.end_to_end.get("whole_with_kernels"))))
         report.end_to_end = e2e.to_dict()
         log.info("metal_accel: end to end: %s", e2e.decision)
         return report
     whole, why_not = None, ""
     if now.compile and supports_compile(be) and _whole_not_tried(model, report):
         t0 = time.perf_counter()
-        whole, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args))
+        with clock(report.stage_s, WHOLE):
+            whole, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args))
         log.info("metal_accel: %s: %s (%.1f s)", WHOLE, "proven" if whole is not None else why_not,
                  time.perf_counter() - t0)
         if why_not:
@@ -163,16 +171,19 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     with_kernels = None
     if now.compile and supports_compile(be) and _kernels_below(model, report) and whole is not None:
         t0 = time.perf_counter()  # the same, with the installed kernels inside its graph as custom ops
-        with_kernels, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args), with_kernels=True)
+        with clock(report.stage_s, f"{WHOLE} with our kernels inside"):
+            with_kernels, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args),
+                                                      with_kernels=True)
         log.info("metal_accel: %s with our kernels inside: %s (%.1f s)", WHOLE,
                  "proven" if with_kernels is not None else why_not, time.perf_counter() - t0)
         if why_not:
             report.notes.append(redact(f"{WHOLE} with our kernels inside not used: {why_not}"))
     if _composes(model, report) or whole is not None:
         try:
-            e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
-                                   budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload,
-                                   whole_with_kernels=with_kernels, fresh_whole=lambda: whole_model_op(model))
+            with clock(report.stage_s, "end-to-end check"):
+                e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
+                                       budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload,
+                                       whole_with_kernels=with_kernels, fresh_whole=lambda: whole_model_op(model))
             report.end_to_end = e2e.to_dict() if e2e is not None else None
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:

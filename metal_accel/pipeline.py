@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -28,7 +29,7 @@ from .core.redact import redact
 from .core.specs import UnsupportedCall
 from .proof.prove import ProofSettings, declared_shape_generic
 from .proof.speed import implausible_verdict
-from .report import COVERED, ModuleReport
+from .report import COVERED, ModuleReport, clock
 from .runtime.capture import ModuleCall
 from .runtime.dispatch import install
 from .runtime.graph import GraphedOp
@@ -49,6 +50,7 @@ class Pipeline:
     try_compile: bool = field(default_factory=config.compile_enabled)  # torch.compile is a candidate too
     installed: set[int] = field(default_factory=set)  # ids of modules that run a kernel
     _parents: dict[int, list[nn.Module]] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent proving, by kind of candidate
 
     @property
     def _compiles(self) -> bool:
@@ -73,6 +75,7 @@ class Pipeline:
         rep = ModuleReport(call.name, class_path(type(call.module)),
                            call.spec.describe() if call.spec else "?", "eager", "", calls=call.calls,
                            eager_us=call.eager_s / max(call.calls, 1) * 1e6)
+        t0 = time.perf_counter()
         try:
             self._process(call, rep)
         except Exception as exc:
@@ -82,6 +85,7 @@ class Pipeline:
             log.warning("metal_accel: %s (%s) stays eager after an %s", call.name, rep.module_class, rep.reason)
             log.debug("metal_accel: the internal error's traceback", exc_info=True)
         _scrub_report(rep)
+        rep.elapsed_s = time.perf_counter() - t0
         return rep
 
     def _process(self, call: ModuleCall, rep: ModuleReport) -> None:
@@ -253,7 +257,8 @@ class Pipeline:
 
     def evaluate(self, call: ModuleCall, key: str, cand: Candidate) -> Evaluation:
         """Sandbox, compile, validate and benchmark one candidate on this device."""
-        return prove_candidate(call, key, cand, self.backend, self.settings)
+        with clock(self.stage_s, proof_stage(cand)):
+            return prove_candidate(call, key, cand, self.backend, self.settings)
 
     def _install(self, call: ModuleCall, key: str, cand: Candidate,
                  op: KernelOp | CompiledOp | GraphedOp | None = None, verdict: Verdict | None = None) -> None:
@@ -289,6 +294,13 @@ class Pipeline:
                 self._parents.setdefault(id(child), []).extend(chain + [m])
                 walk(child, chain + [m])
         walk(model, [])
+
+
+def proof_stage(cand: Candidate) -> str:
+    """The part of optimize()'s module decisions that proving CAND counts toward."""
+    if cand.kind in ("inductor", "cuda-graph"):
+        return {"inductor": "torch.compile candidates", "cuda-graph": "CUDA graph candidates"}[cand.kind]
+    return "shipped library kernels" if cand.origin.startswith("library:") else "kernel candidates"
 
 
 def _record_times(rep: ModuleReport, evaluations: list[Evaluation]) -> None:

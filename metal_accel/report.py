@@ -1,10 +1,39 @@
 """What optimize() decided for every captured module, and why."""
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 COVERED = "inside a module that already runs a kernel"
+MODULES = "module decisions"  # the stage whose parts are the candidates' kinds (Pipeline.stage_s)
+
+
+@contextlib.contextmanager
+def clock(stage_s: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the seconds the body takes to STAGE_S[STAGE]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        stage_s[stage] = stage_s.get(stage, 0.0) + time.perf_counter() - t0
+
+
+def time_summary(stage_s: dict[str, float], parts: dict[str, float], total_s: float) -> str:
+    """One line saying where optimize()'s TOTAL_S went: its stages, the module decisions' parts inside."""
+    def fmt(items: dict[str, float]) -> str:
+        return ", ".join(f"{name} {s:.1f} s" for name, s in sorted(items.items(), key=lambda kv: -kv[1]) if s >= 0.05)
+    bits = []
+    for name, s in sorted(stage_s.items(), key=lambda kv: -kv[1]):
+        if s < 0.05:
+            continue
+        inner = fmt(parts) if name == MODULES and parts else ""
+        bits.append(f"{name} {s:.1f} s" + (f" ({inner})" if inner else ""))
+    rest = total_s - sum(stage_s.values())
+    if bits and rest >= 0.05:
+        bits.append(f"other {rest:.1f} s")
+    return "; ".join(bits)
 
 
 @dataclass
@@ -26,6 +55,7 @@ class ModuleReport:
     rejected: list[str] = field(default_factory=list)  # one line per rejected candidate
     outpaced: list[str] = field(default_factory=list)  # one line per candidate that passed but lost to the winner
     notes: list[str] = field(default_factory=list)     # when what runs would not: training mode, autograd
+    elapsed_s: float = 0.0                             # what deciding this call took
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,6 +69,13 @@ class OptimizeReport:
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)  # about the model: training mode, state optimize() put back
     end_to_end: dict[str, Any] | None = None        # model_choice.EndToEnd.to_dict(): the whole model timed
+    stage_s: dict[str, float] = field(default_factory=dict)   # seconds per stage: capture, module decisions, ...
+    module_s: dict[str, float] = field(default_factory=dict)  # module decisions' seconds by what was proven
+
+    @property
+    def time_spent(self) -> str:
+        """Where optimize()'s time went, e.g. "module decisions 41.2 s (torch.compile candidates 30.1 s, ...)"."""
+        return time_summary(self.stage_s, self.module_s, self.elapsed_s)
 
     @property
     def kernels(self) -> list[ModuleReport]:
@@ -48,7 +85,7 @@ class OptimizeReport:
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "elapsed_s": self.elapsed_s,
                 "modules": [m.to_dict() for m in self.modules], "notes": list(self.notes),
-                "end_to_end": self.end_to_end}
+                "end_to_end": self.end_to_end, "stage_s": dict(self.stage_s), "module_s": dict(self.module_s)}
 
     def table(self, width: int = 60, verbose: bool = False) -> str:
         """A plain-text table: module, input spec, times, what runs and why (covered calls folded)."""
@@ -83,6 +120,8 @@ class OptimizeReport:
                     + (f"; {e['decision']}" if e.get("decision") else "") + "\n" + head)
         if covered and not verbose:
             lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")
+        if self.time_spent:
+            lines.append(f"time: {self.time_spent}")
         notes = [f"note: {n}" for n in self.notes]
         notes += [f"note: {m.name}: {n}" for m in self.modules if m.reason != COVERED or verbose for n in m.notes]
         return head + "\n" + "\n".join(lines + notes)

@@ -283,3 +283,17 @@ def test_file_candidates_are_tried_for_composites_too_large_for_a_prompt(tmp_pat
     rep = next(m for m in metal_accel.explain(model).modules if m.name == "WideChain")
     assert rep.status == "kernel", rep
     torch.testing.assert_close(run(model, x), ref, **KERNEL_TOL)
+
+
+def test_the_report_says_where_optimizes_time_went(tmp_path):
+    model, x = Net().eval(), torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, good=GOOD, wrong=WRONG)], end_to_end=False)
+    rep = metal_accel.explain(model)
+    assert set(rep.stage_s) >= {"capture", "module decisions"}, rep.stage_s
+    assert rep.module_s["kernel candidates"] > 0, rep.module_s  # two candidates compiled and proven
+    # the parts of the module decisions add up to it, and no stage is longer than the whole call
+    assert abs(sum(rep.module_s.values()) - rep.stage_s["module decisions"]) < 1e-6
+    assert sum(rep.stage_s.values()) <= rep.elapsed_s + 1e-6
+    assert chain_report(model).elapsed_s >= rep.module_s["kernel candidates"] * 0.99
+    assert "time: module decisions" in rep.table() and "kernel candidates" in rep.table()
+    assert rep.to_dict()["stage_s"] == rep.stage_s
