@@ -69,3 +69,22 @@ def test_a_negative_margin_accepts_a_slower_kernel_and_the_bound_is_judged_again
     timer = scripted([0.0003, 0.0012] * 15)
     res = compare_speed(named("eager"), named("kernel"), [((), {})], margin=-0.4, **{**gate, "timer": timer})
     assert not res.accepted and "within noise" in res.reason, res
+
+
+def test_a_clear_loss_stops_timing_early_and_a_close_call_does_not():
+    calls = []
+
+    def timer(fn, args, kwargs, sync):
+        calls.append(fn.__name__)
+        return (0.001 if fn.__name__ == "eager" else 0.0025), None  # the kernel at 0.4x, every pair
+    gate = dict(min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, **gate)
+    assert not res.accepted and res.reps == 8 and "timing stopped after 8 pairs" in res.reason, res
+    assert "not faster: 0.40x" in res.reason and len(calls) == 16
+    # one pair in eight wins: the bound at 8 pairs is not below the margin, so timing goes on to a verdict
+    times = iter([0.003 if i % 8 == 3 else 0.001 for i in range(400)])
+
+    def mixed(fn, args, kwargs, sync):
+        return (next(times) if fn.__name__ == "eager" else 0.0025), None
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=mixed, **gate)
+    assert not res.accepted and res.reps >= 16 and "not faster" in res.reason, res

@@ -39,6 +39,18 @@ def median_lower_bound(xs: Sequence[float], z: float = CONFIDENCE_Z) -> float:
     return s[max(k, 0)] if n else float("nan")
 
 
+def median_upper_bound(xs: Sequence[float], z: float = CONFIDENCE_Z) -> float:
+    """The matching upper confidence bound of the median of XS: the k-th largest value."""
+    s = sorted(xs)
+    n = len(s)
+    k = math.floor(n / 2 - z * math.sqrt(n) / 2)
+    return s[n - 1 - max(k, 0)] if n else float("nan")
+
+
+FUTILITY_EVERY = 8     # pairs between looks for a clear loss, before min_reps
+FUTILITY_Z = LATER_LOOK_Z  # at 8 pairs: stop only when all 8 lose (a real win loses 8 of 8 with p < 0.4%)
+
+
 def _spread(xs: Sequence[float]) -> float:
     med = statistics.median(xs)
     return (_quantile(xs, 0.75) - _quantile(xs, 0.25)) / med if med > 0 else 0.0
@@ -75,17 +87,21 @@ class _Rotation:
 def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_sets: Sequence[tuple[tuple, dict]],
                   sync: Callable[[], None], timer: Timer, min_reps: int, max_reps: int, budget_s: float,
                   check: Check | None, check_every: int, flush: Callable[[], None] | None,
+                  futile: Callable[[list[float], list[float]], bool] | None = None,
                   ) -> tuple[list[float], list[float], int, int, bool]:
     """Interleaved (eager, kernel) times: (eager times, kernel times, pairs, refused samples, unreliable).
-    With CHECK, pairs at random are checked and every input set at least once (_Rotation)."""
+    With CHECK, pairs at random are checked and every input set at least once (_Rotation). FUTILE is
+    asked every FUTILITY_EVERY pairs before MIN_REPS, when MIN_REPS pairs would take longer than BUDGET_S,
+    whether the kernel clearly loses; when it says so sampling ends there, but for the pairs that check
+    the input sets not yet checked."""
     e_times: list[float] = []
     k_times: list[float] = []
     start = time.perf_counter()
     rep = rejected = 0
     rotation = _Rotation(len(input_sets), check_every)
-    extra = 0
+    extra, gave_up = 0, False
     while True:
-        finishing = rep >= max_reps or (rep >= min_reps and time.perf_counter() - start >= budget_s)
+        finishing = gave_up or rep >= max_reps or (rep >= min_reps and time.perf_counter() - start >= budget_s)
         if finishing and (check is None or not rotation.unchecked or extra >= 4 * len(input_sets)):
             break
         extra += finishing
@@ -111,6 +127,9 @@ def _sample_pairs(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             check(outs[kernel], outs[eager], f"timed call {rep}", which)
             rotation.unchecked.discard(which)
         rep += 1
+        if futile is not None and not gave_up and rep < min_reps and rep % FUTILITY_EVERY == 0 \
+                and (time.perf_counter() - start) * min_reps > budget_s * rep:
+            gave_up = futile(e_times, k_times)  # MIN_REPS pairs would overrun the budget: a clear loss ends it
     return e_times, k_times, rep, rejected, False
 
 
@@ -168,13 +187,24 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     reported as unreliable, not accepted. A win the pairs do not yet show (median past the margin,
     bound not above 1) gets up to `extra_looks` more rounds of pairs, each judged on all pairs so
     far at a stricter bound (LATER_LOOK_Z), so chance wins stay under 2% in all: on a noisy host a
-    real 1.3x win was otherwise lost to 30 pairs. An accepted result that is `implausible` (10x or more,
+    real 1.3x win was otherwise lost to 30 pairs. A clear loss of a call too slow for `min_reps`
+    pairs in `budget_s` ends timing early: every FUTILITY_EVERY pairs before `min_reps`, a 99.5%
+    upper bound of the median pair's speedup below 1 + margin (at 8 pairs: all 8 lost) rejects the
+    kernel there (a 300 ms model block otherwise costs 30 pairs). An accepted result that is
+    `implausible` (10x or more,
     or times spread as wide as their median) is measured again and the lower of the two kept, its
     reason saying so (`retime=False` for the second).
     """
     timer = timer or time_call
     if not input_sets:
         raise ValueError("compare_speed needs at least one input set")
+    stopped: list[float] = []  # the upper bound at which sampling stopped for a clear loss
+
+    def futile(e_times: list[float], k_times: list[float]) -> bool:
+        high = median_upper_bound([e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)], FUTILITY_Z)
+        if high < 1 + margin:
+            stopped.append(high)
+        return bool(stopped)
     for i in range(warmup):
         args, kwargs = input_sets[i % len(input_sets)]
         eager(*args, **kwargs)
@@ -184,7 +214,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
         if attempt:
             time.sleep(retry_pause_s)
         e_times, k_times, rep, rejected, unreliable = _sample_pairs(
-            eager, kernel, input_sets, sync, timer, min_reps, max_reps, budget_s, check, check_every, flush)
+            eager, kernel, input_sets, sync, timer, min_reps, max_reps, budget_s, check, check_every, flush, futile)
         refused += rejected
         if not unreliable:
             break
@@ -199,7 +229,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
         speedup = e_med / k_med if k_med > 0 else float("inf")
         ratios = [e / k if k > 0 else float("inf") for e, k in zip(e_times, k_times)]
         p25, low = _quantile(ratios, 0.25), median_lower_bound(ratios, LATER_LOOK_Z if looks else CONFIDENCE_Z)
-        if speedup < 1 + margin or low > floor or looks >= extra_looks or rep >= max_reps:
+        if stopped or speedup < 1 + margin or low > floor or looks >= extra_looks or rep >= max_reps:
             break
         looks += 1
         more_e, more_k, more, rejected, unreliable = _sample_pairs(
@@ -209,7 +239,11 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             break
         e_times, k_times, rep = e_times + more_e, k_times + more_k, rep + more
     bound = "99.5% bound, after more pairs" if looks else "99% bound"
-    if speedup < 1 + margin:
+    if stopped:
+        accepted, reason = False, (f"not faster: {speedup:.2f}x eager (needs >= {1 + margin:.2f}x; timing stopped "
+                                   f"after {rep} pairs: the median pair's speedup is at most {stopped[0]:.2f}x, "
+                                   f"99.5% bound)")
+    elif speedup < 1 + margin:
         accepted, reason = False, f"not faster: {speedup:.2f}x eager (needs >= {1 + margin:.2f}x)"
     elif low <= floor:
         accepted, reason = False, (f"within noise: median {speedup:.2f}x eager but over {rep} interleaved pairs "
