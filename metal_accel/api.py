@@ -24,7 +24,7 @@ from .core.config import Settings
 from .core.errors import MetalAccelError
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
-from .library import hf_attention
+from .library import hf_attention, rotary
 from .model_choice import WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
@@ -142,9 +142,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     proving = sum(plan.stage_s.values())
     plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
     with clock(report.stage_s, "attention kernels"):
-        attention = _attach_attention(model, be, strict)
-    if attention:
-        report.notes.append(attention)
+        report.notes += _attach_attention(model, be, strict)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
         return report
     kwargs = dict(example_kwargs or {})
@@ -196,15 +194,18 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     return report
 
 
-def _attach_attention(model: nn.Module, be: Backend, strict: bool) -> str:
-    """An HF model's sdpa attention through the library's proven kernels (library/hf_attention.py); the
-    report's line about it, '' for other models."""
-    try:
-        return hf_attention.attach(model, be)
-    except Exception as exc:  # the model keeps its own attention
-        if strict:
-            raise
-        return redact(f"attention: sdpa kept after an internal error: {type(exc).__name__}: {exc}")
+def _attach_attention(model: nn.Module, be: Backend, strict: bool) -> list[str]:
+    """An HF model's sdpa attention and rotary embeddings through the library's proven kernels
+    (library/hf_attention.py, library/rotary.py); the report's lines about them, none for other models."""
+    lines = []
+    for what, attach in (("attention: sdpa kept", hf_attention.attach), ("rotary: the model's own kept", rotary.attach)):
+        try:
+            lines.append(attach(model, be))
+        except Exception as exc:  # the model keeps its own
+            if strict:
+                raise
+            lines.append(redact(f"{what} after an internal error: {type(exc).__name__}: {exc}"))
+    return [line for line in lines if line]
 
 
 def _composes(model: nn.Module, report: OptimizeReport) -> bool:
@@ -251,6 +252,7 @@ def restore(model: nn.Module) -> nn.Module:
     for module in model.modules():
         uninstall(module)
     hf_attention.detach(model)
+    rotary.detach(model)
     model.__dict__.pop(_REPORT_ATTR, None)
     return model
 

@@ -38,7 +38,7 @@ from .store import cache as cache_mod
 from .store.cache import CacheEntry, Verdict
 
 log = logging.getLogger(__name__)
-GENERIC_KINDS = ("rows", "kv")  # SHAPE_GENERIC values whose verdicts are also stored under keys.generic_key
+GENERIC_KINDS = ("rows", "kv", "rope")  # SHAPE_GENERIC values whose verdicts are also stored under keys.generic_key
 
 
 @dataclass

@@ -100,8 +100,8 @@ def generic_key(fingerprint: str, spec: InputSpec, backend: str, kind: str = "ro
     rank, last dimension, device). KIND "kv" (attention over a KV cache): the spec with the batch and the kv
     length left out (kv_generic_spec). None for calls of other forms: keywords, an argument that is not a
     tensor, or several inputs whose leading dimensions differ (a broadcast residual is another call)."""
-    if kind == "kv":
-        generic = kv_generic_spec(spec)
+    if kind in ("kv", "rope"):
+        generic = kv_generic_spec(spec) if kind == "kv" else rope_generic_spec(spec)
         return hashlib.sha256(f"{fingerprint}\0{generic}\0{backend}".encode()).hexdigest()[:32] if generic else None
     tensors = row_inputs(spec)
     if tensors is None:
@@ -129,6 +129,24 @@ def kv_generic_spec(spec: InputSpec) -> str | None:
             dims[3] = "L" if dims[3] == length else dims[3]
         parts.append(f"{t.dtype}{dims}{'c' if t.contiguous else 's'}@{t.device}")
     return "kv:" + ";".join(parts)
+
+
+def rope_generic_spec(spec: InputSpec) -> str | None:
+    """A rotary-embedding call's spec (q [B, Hq, S, D], k [B, Hkv, S, D], cos and sin [B or 1, S, D]) as text with
+    the batch B and the sequence length S written as letters (KIND "rope"). None for calls of other forms."""
+    tensors = spec.tensor_specs()
+    if spec.kwargs or len(spec.args) != 4 or len(tensors) != 4 \
+            or [len(t.shape) for t in tensors] != [4, 4, 3, 3]:
+        return None
+    batch, length = tensors[0].shape[0], tensors[0].shape[2]
+    parts = []
+    for i, t in enumerate(tensors):
+        dims: list[object] = list(t.shape)
+        seq = 2 if i < 2 else 1
+        dims[0] = "B" if dims[0] == batch and (i < 2 or batch > 1) else dims[0]  # cos [1, S, D]: broadcast
+        dims[seq] = "S" if dims[seq] == length else dims[seq]
+        parts.append(f"{t.dtype}{dims}@{t.device}")  # any layout: the sweep proves both of HF's (rope_sweep_specs)
+    return "rope:" + ";".join(parts)
 
 
 def row_inputs(spec: InputSpec) -> list[TensorSpec] | None:

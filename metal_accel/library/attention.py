@@ -18,18 +18,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..backends import backend_for_device
 from ..backends.base import Backend
-from ..core import config
 from ..core.provider import ProposedText, SynthesisRequest
-from ..core.specs import InputSpec, OutputSpec
-from ..pipeline import Pipeline
-from ..proof.prove import ProofSettings
 from ..report import ModuleReport
 from ..runtime import dispatch
-from ..runtime.capture import ModuleCall
-from ..runtime.ops import KernelOp
 from .provider import kernel_file
+from .routing import prove_module_call, run_op
 
 log = logging.getLogger(__name__)
 FAMILY = "attention_decode"
@@ -181,28 +175,14 @@ def prove_call(wrapper: SdpaAttention, query: torch.Tensor, key: torch.Tensor, v
                mask: torch.Tensor | None, backend: Backend | None = None) -> tuple[Run | None, ModuleReport]:
     """The pipeline's decision for WRAPPER called on these tensors (proof, speed gate, caches), and the kernel's
     runner when it was accepted."""
-    backend = backend or backend_for_device(query.device)
-    wrapper = wrapper.to(query.device)
-    args = tuple(t.detach().clone() for t in (query, key, value, *(() if mask is None else (mask,))))
-    with torch.no_grad(), dispatch.eager_only():
-        out = wrapper(*args)
     shape = "x".join(map(str, query.shape))
-    call = ModuleCall(name=f"attention[q {shape}, kv {key.shape[2]}]", module=wrapper, spec=InputSpec.of(args, {}),
-                      output_spec=OutputSpec.of(out), args=args, kwargs={}, calls=1)
-    now = config.current()
-    settings = ProofSettings(margin=now.margin, bench_budget_s=now.bench_budget_s, timeout_s=now.timeout_s,
-                             graph_launch=False)  # one launch per call: what every other shape runs too
-    pipeline = Pipeline(backend, [AttentionProvider()], settings=settings, try_compile=False)
-    rep = pipeline.process(call)
-    disp = dispatch.dispatcher_of(wrapper)
-    op = disp.table.get(call.spec.signature()) if disp is not None and rep.status == "kernel" else None
-    if not isinstance(op, KernelOp):
-        log.info("metal_accel: %s stays with HF's sdpa: %s", call.name, rep.reason)
+    op, rep = prove_module_call(wrapper, (query, key, value, *(() if mask is None else (mask,))),
+                                AttentionProvider(), f"attention[q {shape}, kv {key.shape[2]}]", backend)
+    if op is None:
         return None, rep
-    log.info("metal_accel: %s runs the library kernel: %s", call.name, rep.reason)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-        return op((q, k, v) if m is None else (q, k, v, m), {}, [])
+        return run_op(op, (q, k, v) if m is None else (q, k, v, m))
     return run, rep
 
 

@@ -27,7 +27,7 @@ from ..sandbox.kernel_source import check_kernel_source
 from .perturb import PERTURBED_DISTS, perturbed_values, swapped_state
 from .soak import soak
 from .speed import DEFAULT_MARGIN, BenchResult, cache_flusher, compare_speed
-from .testdata import kv_sweep_specs, make_inputs, rows_sweep_specs, sweep_specs
+from .testdata import kv_sweep_specs, make_inputs, rope_sweep_specs, rows_sweep_specs, sweep_specs
 from .validate import (
     Judge,
     RunTrials,
@@ -287,7 +287,8 @@ def shape_sweep(spec: InputSpec, kind: Any = True) -> tuple[list[InputSpec], lis
     other leading dimensions: testdata.rows_sweep_specs; for "kv", other batches and kv lengths), and those left out because their inputs exceed
     sweep_limit: a 1 GB call is not also proven on a 3 GB batch."""
     limit = sweep_limit(spec)
-    variants = rows_sweep_specs(spec) if kind == "rows" else kv_sweep_specs(spec) if kind == "kv" else sweep_specs(spec)
+    variants = rows_sweep_specs(spec) if kind == "rows" else kv_sweep_specs(spec) if kind == "kv" else \
+        rope_sweep_specs(spec) if kind == "rope" else sweep_specs(spec)
     return [v for v in variants if spec_bytes(v) <= limit], [v for v in variants if spec_bytes(v) > limit]
 
 
@@ -361,7 +362,7 @@ def declared_shape_generic(code: str) -> Any:
 
 def declares_shape_generic(code: str) -> bool:
     """True when the candidate's block declares SHAPE_GENERIC = True, "rows" or "kv"."""
-    return declared_shape_generic(code) in (True, "rows", "kv")
+    return declared_shape_generic(code) in (True, "rows", "kv", "rope")
 
 
 def _validation_details(result: ValidationResult) -> dict[str, Any]:

@@ -306,6 +306,53 @@ def kv_sweep_specs(spec: InputSpec) -> list[InputSpec]:
     return out
 
 
+def rope_sweep_specs(spec: InputSpec) -> list[InputSpec]:
+    """Variants of a rotary-embedding call's SPEC (q [B, Hq, S, D], k [B, Hkv, S, D], cos/sin [B or 1, S, D]) with
+    the batch and the sequence length changed, for kernels proven for any of them (SHAPE_GENERIC = "rope"): one
+    decode position, and a larger odd batch over an odd length, each tensor in its own layout's order of
+    dimensions (a transposed q stays transposed: strides of the same permutation, densely packed); and the call's
+    shapes in the other of HF's two layouts of q and k (contiguous [B, H, S, D], or stored as [B, S, H, D]), so
+    one proof serves both."""
+    tensors = spec.tensor_specs()
+    if len(tensors) != 4 or [len(t.shape) for t in tensors] != [4, 4, 3, 3]:
+        return []
+    batch, length = tensors[0].shape[0], tensors[0].shape[2]
+    index = iter(range(4))
+
+    def other_layout(s: TensorSpec) -> TensorSpec:
+        if next(index) >= 2:
+            return s
+        b, h, q, d = s.shape
+        stride = _contiguous(s.shape) if not s.contiguous else (q * h * d, d, h * d, 1)
+        return TensorSpec(s.shape, s.dtype, stride, s.device, s.value_range)
+    out = [spec.map_tensors(other_layout)] if length > 1 else []
+    for new_b, new_s in ((batch, 1), (2 * batch + 1, 2 * length + 1)):
+        if (new_b, new_s) == (batch, length):
+            continue
+        index = iter(range(len(tensors)))
+
+        def resize(s: TensorSpec, new_b: int = new_b, new_s: int = new_s) -> TensorSpec:
+            i = next(index)
+            shape = list(s.shape)
+            shape[0] = new_b if shape[0] == batch else shape[0]
+            seq = 2 if i < 2 else 1
+            shape[seq] = new_s if shape[seq] == length else shape[seq]
+            return TensorSpec(tuple(shape), s.dtype, _same_order(s, tuple(shape)), s.device, s.value_range)
+        out.append(spec.map_tensors(resize))
+    return out
+
+
+def _same_order(s: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense strides for SHAPE with S's dimensions in S's memory order (outermost first by stride)."""
+    order = sorted(range(len(shape)), key=lambda d: (-s.stride[d], d)) if s.stride else list(range(len(shape)))
+    stride = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        stride[d] = step
+        step *= max(shape[d], 1)
+    return tuple(stride)
+
+
 def sweep_specs(spec: InputSpec) -> list[InputSpec]:
     """Variants of `spec` with the leading (batch) dimension changed, for shape-generic kernels.
 

@@ -1,0 +1,54 @@
+"""One call of a library wrapper module (attention, rotary) through the pipeline, for the routers that serve
+functions HF models call rather than modules the library can replace: the call is proven like any module
+call (the library's kernel file with its glue, proof on this device, speed gate, caches) and the accepted
+kernel's op is handed back for the router to call."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backends import backend_for_device
+from ..backends.base import Backend
+from ..core import config
+from ..core.provider import Provider
+from ..core.specs import InputSpec, OutputSpec
+from ..pipeline import Pipeline
+from ..proof.prove import ProofSettings
+from ..report import ModuleReport
+from ..runtime import dispatch
+from ..runtime.capture import ModuleCall
+from ..runtime.ops import KernelOp
+
+log = logging.getLogger(__name__)
+
+
+def prove_module_call(wrapper: nn.Module, args: tuple[torch.Tensor, ...], provider: Provider, label: str,
+                      backend: Backend | None = None) -> tuple[KernelOp | None, ModuleReport]:
+    """The pipeline's decision for WRAPPER called on ARGS with PROVIDER's candidates (torch.compile not tried;
+    one launch per call, no CUDA graph: what every other shape runs too), and the accepted kernel's op."""
+    backend = backend or backend_for_device(args[0].device)
+    wrapper = wrapper.to(args[0].device)
+    args = tuple(t.detach().clone() for t in args)
+    with torch.no_grad(), dispatch.eager_only():
+        out = wrapper(*args)
+    call = ModuleCall(name=label, module=wrapper, spec=InputSpec.of(args, {}), output_spec=OutputSpec.of(out),
+                      args=args, kwargs={}, calls=1)
+    now = config.current()
+    settings = ProofSettings(margin=now.margin, bench_budget_s=now.bench_budget_s, timeout_s=now.timeout_s,
+                             graph_launch=False)
+    rep = Pipeline(backend, [provider], settings=settings, try_compile=False).process(call)
+    disp = dispatch.dispatcher_of(wrapper)
+    op = disp.table.get(call.spec.signature()) if disp is not None and rep.status == "kernel" else None
+    if not isinstance(op, KernelOp):
+        log.info("metal_accel: %s stays with the model's own code: %s", label, rep.reason)
+        return None, rep
+    log.info("metal_accel: %s runs the library kernel: %s", label, rep.reason)
+    return op, rep
+
+
+def run_op(op: KernelOp, args: tuple[Any, ...]) -> Any:
+    """Call a proven op the way the dispatcher does (no out= buffers)."""
+    return op(args, {}, [])

@@ -1,0 +1,139 @@
+"""The library's rotary embeddings (library/rotary.py): HF's apply_rotary_pos_emb routed to proven kernels."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel.backends import get_backend
+from metal_accel.core import config
+from metal_accel.core.keys import generic_key
+from metal_accel.core.specs import InputSpec
+from metal_accel.library import rotary
+from metal_accel.proof.testdata import rope_sweep_specs
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+LLAMA = "transformers.models.llama.modeling_llama.apply_rotary_pos_emb"
+
+
+def hf_inputs(B: int = 2, S: int = 5, Hq: int = 4, Hkv: int = 2, D: int = 16, dtype: torch.dtype = torch.float32,
+              cos_batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """q and k as HF's attention makes them (views of a projection, transposed), cos and sin as its rotary module."""
+    q = torch.randn(B, S, Hq, D, dtype=dtype).transpose(1, 2)
+    k = torch.randn(B, S, Hkv, D, dtype=dtype).transpose(1, 2)
+    return q, k, torch.randn(cos_batch, S, D, dtype=dtype), torch.randn(cos_batch, S, D, dtype=dtype)
+
+
+@pytest.fixture
+def library_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+
+
+def test_signature_serves_hfs_form_only():
+    q, k, c, s = hf_inputs()
+    assert rotary.signature(q, k, c, s, 1) is not None
+    assert rotary.signature(q, k, c, s, 2) is None  # another broadcast of cos
+    assert rotary.signature(q, k, c.double(), s.double(), 1) is None  # mixed dtypes
+    assert rotary.signature(q[..., :15], k[..., :15], c[..., :15], s[..., :15], 1) is None  # odd head size
+    assert rotary.signature(q.requires_grad_(), k, c, s, 1) is None  # autograd records: the model's function
+    with torch.no_grad():
+        assert rotary.signature(q, k, c, s, 1) is not None
+    # the route key tells a transposed q from a contiguous one and a per-sequence cos from a broadcast one
+    assert rotary.signature(*hf_inputs(cos_batch=2), 1) != rotary.signature(*hf_inputs(), 1)
+    assert rotary.signature(q.contiguous(), k, c, s, 1) != rotary.signature(q.detach(), k, c, s, 1)
+
+
+def test_one_generic_key_serves_every_batch_and_length_and_the_sweep_keeps_the_layout():
+    key = lambda *t: generic_key("f" * 64, InputSpec.of(t, {}), "cpu", "rope")  # noqa: E731
+    assert key(*hf_inputs(B=2, S=5)) == key(*hf_inputs(B=3, S=1)) == key(*hf_inputs(B=1, S=300))
+    assert key(*hf_inputs(D=32)) != key(*hf_inputs(D=16))
+    assert key(*hf_inputs(Hq=8)) != key(*hf_inputs(Hq=4))
+    assert key(*hf_inputs(dtype=torch.bfloat16)) != key(*hf_inputs())
+    spec = InputSpec.of(hf_inputs(B=2, S=5), {})
+    variants = rope_sweep_specs(spec)
+    assert [(v.tensor_specs()[0].shape[0], v.tensor_specs()[0].shape[2]) for v in variants] == [(2, 5), (2, 1), (5, 11)]
+    assert variants[0].tensor_specs()[0].contiguous and variants[0].tensor_specs()[1].contiguous  # the other layout
+    for v in variants[1:]:
+        q = v.tensor_specs()[0]
+        assert q.stride[1] == q.shape[3] and q.stride[2] == q.shape[1] * q.shape[3]  # still stored as [B, S, H, D]
+    for v in variants:
+        assert key(*(torch.empty_strided(t.shape, t.stride) for t in v.tensor_specs())) == key(*hf_inputs())
+
+
+def prove(inputs: tuple[torch.Tensor, ...], text: str | None = None, monkeypatch: pytest.MonkeyPatch | None = None):
+    """The pipeline's decision for Llama's function on INPUTS on the CPU, installed whatever its speed
+    (these tests are about correctness; docs/library.md has the speed)."""
+    if text is not None:
+        assert monkeypatch is not None
+        monkeypatch.setattr(rotary, "kernel_file", lambda backend, family: (text, ("float32", "bfloat16")))
+    with config.using(config.current().with_(margin=-0.9)):
+        return rotary.prove_module_call(rotary.RotaryApply(LLAMA), inputs, rotary.RotaryProvider(), "rotary",
+                                        get_backend("cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_the_cpu_kernel_is_proven_for_llamas_function(dtype, cos_batch):
+    inputs = hf_inputs(dtype=dtype, cos_batch=cos_batch)
+    op, rep = prove(inputs)
+    assert op is not None and rep.status == "kernel", (rep.reason, rep.rejected)
+    fresh = hf_inputs(B=3, S=9, dtype=dtype, cos_batch=cos_batch and 3 if cos_batch > 1 else 1)
+    got = rotary.run_op(op, fresh)
+    want = modeling_llama.apply_rotary_pos_emb(*fresh)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-5 if dtype == torch.float32 else 0, atol=1e-5 if dtype ==
+                                   torch.float32 else 0)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_a_kernel_with_the_wrong_sign_is_rejected(monkeypatch: pytest.MonkeyPatch):
+    text = (rotary.kernel_file("cpu", rotary.FAMILY) or ("",))[0]
+    assert text.count("b2 = mul(-x2,") == 1
+    op, rep = prove(hf_inputs(), text.replace("b2 = mul(-x2,", "b2 = mul(x2,"), monkeypatch)
+    assert op is None and rep.status == "eager" and "incorrect" in " ".join(rep.rejected), rep.rejected
+
+
+def tiny_llama() -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_optimize_routes_the_models_rotary_calls_and_restore_puts_the_function_back(library_on):
+    torch.manual_seed(0)
+    model, ids = tiny_llama(), torch.randint(0, 128, (1, 12))
+    function = modeling_llama.apply_rotary_pos_emb
+    with torch.inference_mode():
+        ref = model(ids).logits
+    metal_accel.optimize(model, (ids,), margin=-0.9, compile=False, end_to_end=False)
+    router = modeling_llama.apply_rotary_pos_emb
+    assert isinstance(router, rotary.RotaryRouter) and router.function == LLAMA
+    assert any(n.startswith("rotary: ") and LLAMA in n for n in metal_accel.explain(model).notes)
+    with torch.inference_mode():
+        out = model(ids).logits
+        assert router.hits >= 2, router.reports  # one call per layer
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        # a call of another form goes to the model's own function
+        q, k, c, s = hf_inputs()
+        torch.testing.assert_close(router(q, k, c.unsqueeze(1), s.unsqueeze(1), unsqueeze_dim=2)[0],
+                                   function(q, k, c.unsqueeze(1), s.unsqueeze(1), unsqueeze_dim=2)[0])
+    metal_accel.restore(model)
+    assert modeling_llama.apply_rotary_pos_emb is function
+    assert sys.modules[function.__module__].apply_rotary_pos_emb is function
+
+
+def test_the_library_off_leaves_the_function_alone(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "0")
+    model = tiny_llama()
+    assert rotary.attach(model, get_backend("cpu")) == ""
+    assert not isinstance(modeling_llama.apply_rotary_pos_emb, rotary.RotaryRouter)
