@@ -64,15 +64,16 @@ def test_one_generic_key_serves_every_batch_and_length_and_the_sweep_keeps_the_l
         assert key(*(torch.empty_strided(t.shape, t.stride) for t in v.tensor_specs())) == key(*hf_inputs())
 
 
-def prove(inputs: tuple[torch.Tensor, ...], text: str | None = None, monkeypatch: pytest.MonkeyPatch | None = None):
-    """The pipeline's decision for Llama's function on INPUTS on the CPU, installed whatever its speed
+def prove(inputs: tuple[torch.Tensor, ...], text: str | None = None, monkeypatch: pytest.MonkeyPatch | None = None,
+          backend: str = "cpu"):
+    """The pipeline's decision for Llama's function on INPUTS on BACKEND, installed whatever its speed
     (these tests are about correctness; docs/library.md has the speed)."""
     if text is not None:
         assert monkeypatch is not None
-        monkeypatch.setattr(rotary, "kernel_file", lambda backend, family: (text, ("float32", "bfloat16")))
+        monkeypatch.setattr(rotary, "kernel_file", lambda backend, family: (text, None))
     with config.using(config.current().with_(margin=-0.9)):
         return rotary.prove_module_call(rotary.RotaryApply(LLAMA), inputs, rotary.RotaryProvider(), "rotary",
-                                        get_backend("cpu"))
+                                        get_backend(backend))
 
 
 @pytest.mark.slow
@@ -94,11 +95,24 @@ def test_the_cpu_kernel_is_proven_for_llamas_function(dtype, cos_batch):
 
 @pytest.mark.slow
 @pytest.mark.needs_cxx
-def test_a_kernel_with_the_wrong_sign_is_rejected(monkeypatch: pytest.MonkeyPatch):
-    text = (rotary.kernel_file("cpu", rotary.FAMILY) or ("",))[0]
-    assert text.count("b2 = mul(-x2,") == 1
-    op, rep = prove(hf_inputs(), text.replace("b2 = mul(-x2,", "b2 = mul(x2,"), monkeypatch)
+@pytest.mark.parametrize("backend, old, new", [
+    ("cpu", "b2 = mul(-x2,", "b2 = mul(x2,"),
+    ("mps-emu", "b1 = float(T(-x2 *", "b1 = float(T(x2 *"),
+    ("mps-emu", "const uint pos = row % S, head = (row / S) % H", "const uint pos = row % S, head = (row / S) % 1"),
+])
+def test_a_broken_kernel_is_rejected(monkeypatch: pytest.MonkeyPatch, backend: str, old: str, new: str):
+    text = (rotary.kernel_file(backend, rotary.FAMILY) or ("",))[0]
+    assert text.count(old) == 1
+    op, rep = prove(hf_inputs(), text.replace(old, new), monkeypatch, backend)
     assert op is None and rep.status == "eager" and "incorrect" in " ".join(rep.rejected), rep.rejected
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_metal_kernel_is_proven_on_the_emulator(dtype):
+    op, rep = prove(hf_inputs(B=2, S=3, Hq=2, Hkv=1, D=8, dtype=dtype, cos_batch=2), backend="mps-emu")
+    assert op is not None and rep.status == "kernel" and "speed not measured" in rep.reason, (rep.reason, rep.rejected)
 
 
 def tiny_llama() -> torch.nn.Module:
