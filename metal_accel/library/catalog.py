@@ -19,17 +19,23 @@ class Coverage:
     classes: tuple[str, ...]               # known classes that compute it (shipped list and matches made here)
 
 
+# computations served below modules the library cannot replace, by routing a function HF models call
+# (library/hf_attention.py, library/rotary.py): optimize() attaches them; they match no class
+ROUTED = (("attention_decode", "decode attention below HF's attention modules (AttentionInterface; optimize())"),
+          ("rotary", "HF's apply_rotary_pos_emb to q and k (the modeling module's function; optimize())"))
+
+
 def catalog(backends: tuple[str, ...] = ("cpu", "cuda", "mps")) -> list[Coverage]:
     known = known_classes()
     out = []
-    for fam in FAMILIES.values():
+    for name, summary in [(f.name, f.summary) for f in FAMILIES.values()] + list(ROUTED):
         served = {}
         for backend in backends:
-            kernel = kernel_file(backend, fam.name) if backend in _LANGUAGE_DIR else None
+            kernel = kernel_file(backend, name) if backend in _LANGUAGE_DIR else None
             if kernel is not None:
                 served[backend] = kernel[1] or ALL_DTYPES
-        out.append(Coverage(fam.name, fam.summary, served,
-                            tuple(sorted(c.rsplit(".", 1)[-1] for c, f in known.items() if f == fam.name))))
+        out.append(Coverage(name, summary, served,
+                            tuple(sorted(c.rsplit(".", 1)[-1] for c, f in known.items() if f == name))))
     return out
 
 
