@@ -11,7 +11,8 @@ from metal_accel.backends import get_backend
 from metal_accel.core import config
 from metal_accel.core.keys import generic_key
 from metal_accel.core.specs import InputSpec
-from metal_accel.library import rotary
+from metal_accel.library import rotary, routing
+from metal_accel.library.provider import kernel_file
 from metal_accel.proof.testdata import rope_sweep_specs
 
 transformers = pytest.importorskip("transformers")
@@ -70,7 +71,7 @@ def prove(inputs: tuple[torch.Tensor, ...], text: str | None = None, monkeypatch
     (these tests are about correctness; docs/library.md has the speed)."""
     if text is not None:
         assert monkeypatch is not None
-        monkeypatch.setattr(rotary, "kernel_file", lambda backend, family: (text, None))
+        monkeypatch.setattr(routing, "kernel_file", lambda backend, family: (text, None))
     with config.using(config.current().with_(margin=-0.9)):
         return rotary.prove_module_call(rotary.RotaryApply(LLAMA), inputs, rotary.RotaryProvider(), "rotary",
                                         get_backend(backend))
@@ -101,7 +102,7 @@ def test_the_cpu_kernel_is_proven_for_llamas_function(dtype, cos_batch):
     ("mps-emu", "const uint pos = row % S, head = (row / S) % H", "const uint pos = row % S, head = (row / S) % 1"),
 ])
 def test_a_broken_kernel_is_rejected(monkeypatch: pytest.MonkeyPatch, backend: str, old: str, new: str):
-    text = (rotary.kernel_file(backend, rotary.FAMILY) or ("",))[0]
+    text = (kernel_file(backend, rotary.FAMILY) or ("",))[0]
     assert text.count(old) == 1
     op, rep = prove(hf_inputs(), text.replace(old, new), monkeypatch, backend)
     assert op is None and rep.status == "eager" and "incorrect" in " ".join(rep.rejected), rep.rejected

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from ..backends.base import Backend
-from ..core.provider import ProposedText, SynthesisRequest
 from ..report import ModuleReport
 from ..runtime import dispatch
 from .provider import kernel_file
-from .routing import prove_module_call, run_op
+from . import routing
+from .routing import WrapperProvider, prove_module_call, run_op
 
 log = logging.getLogger(__name__)
 FAMILY = "attention_decode"
@@ -62,28 +62,14 @@ def glue(masked: bool) -> str:
             f"    return {FAMILY}(query, key, value, {mask}, module.scaling, module.num_key_value_groups)\n")
 
 
-class AttentionProvider:
+def AttentionProvider() -> WrapperProvider:  # noqa: N802 (a provider, made like a class)
     """Proposes the backend's attention kernel file for a call of SdpaAttention, where one ships."""
-
-    name = "library"
-
-    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
-        kernel = kernel_file(request.backend, FAMILY)
-        if kernel is None or not isinstance(request.module, SdpaAttention):
-            return []
-        text, dtypes = kernel
-        dtype = request.input_spec.tensor_specs()[0].dtype
-        if dtypes is not None and dtype not in dtypes:
-            return []
-        return [ProposedText(text + glue(len(request.input_spec.args) == 4), f"library:{FAMILY}")]
+    return WrapperProvider(FAMILY, SdpaAttention, lambda request: glue(len(request.input_spec.args) == 4))
 
 
 def ships_for(backend: str) -> tuple[str, ...]:
     """The dtypes the attention kernel of BACKEND serves (empty when none ships)."""
-    kernel = kernel_file(backend, FAMILY)
-    if kernel is None:
-        return ()
-    return kernel[1] or ("float32", "float16", "bfloat16")
+    return routing.ships_for(backend, FAMILY)
 
 
 def signature(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

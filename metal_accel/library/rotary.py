@@ -26,11 +26,10 @@ from torch import nn
 
 from ..backends.base import Backend
 from ..core import config as settings
-from ..core.provider import ProposedText, SynthesisRequest
 from ..report import ModuleReport
 from ..runtime import dispatch
-from .provider import kernel_file
-from .routing import prove_module_call, run_op
+from . import routing
+from .routing import WrapperProvider, prove_module_call, run_op
 
 log = logging.getLogger(__name__)
 FAMILY = "rotary"
@@ -74,27 +73,14 @@ class RotaryApply(nn.Module):
         return q_embed, k_embed
 
 
-class RotaryProvider:
+def RotaryProvider() -> WrapperProvider:  # noqa: N802 (a provider, made like a class)
     """Proposes the backend's rotary kernel file for a call of RotaryApply, where one ships for its dtype."""
-
-    name = "library"
-
-    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
-        kernel = kernel_file(request.backend, FAMILY)
-        if kernel is None or not isinstance(request.module, RotaryApply):
-            return []
-        text, dtypes = kernel
-        if dtypes is not None and request.input_spec.tensor_specs()[0].dtype not in dtypes:
-            return []
-        return [ProposedText(text + GLUE, f"library:{FAMILY}")]
+    return WrapperProvider(FAMILY, RotaryApply, lambda request: GLUE)
 
 
 def ships_for(backend: str) -> tuple[str, ...]:
     """The dtypes the rotary kernel of BACKEND serves (empty when none ships)."""
-    kernel = kernel_file(backend, FAMILY)
-    if kernel is None:
-        return ()
-    return kernel[1] or ("float32", "float16", "bfloat16")
+    return routing.ships_for(backend, FAMILY)
 
 
 def signature(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> tuple | None:

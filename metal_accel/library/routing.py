@@ -5,7 +5,7 @@ kernel's op is handed back for the router to call."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -13,7 +13,7 @@ from torch import nn
 from ..backends import backend_for_device
 from ..backends.base import Backend
 from ..core import config
-from ..core.provider import Provider
+from ..core.provider import ProposedText, Provider, SynthesisRequest
 from ..core.specs import InputSpec, OutputSpec
 from ..pipeline import Pipeline
 from ..proof.prove import ProofSettings
@@ -21,8 +21,36 @@ from ..report import ModuleReport
 from ..runtime import dispatch
 from ..runtime.capture import ModuleCall
 from ..runtime.ops import KernelOp
+from .provider import kernel_file
 
 log = logging.getLogger(__name__)
+
+
+class WrapperProvider:
+    """Proposes the backend's kernel file of FAMILY, with the glue GLUE(request) writes, for calls of a WRAPPER
+    module whose first input's dtype the file serves."""
+
+    name = "library"
+
+    def __init__(self, family: str, wrapper: type[nn.Module], glue: Callable[[SynthesisRequest], str]) -> None:
+        self.family, self.wrapper, self.glue = family, wrapper, glue
+
+    def propose(self, request: SynthesisRequest) -> list[ProposedText]:
+        kernel = kernel_file(request.backend, self.family)
+        if kernel is None or not isinstance(request.module, self.wrapper):
+            return []
+        text, dtypes = kernel
+        if dtypes is not None and request.input_spec.tensor_specs()[0].dtype not in dtypes:
+            return []
+        return [ProposedText(text + self.glue(request), f"library:{self.family}")]
+
+
+def ships_for(backend: str, family: str) -> tuple[str, ...]:
+    """The dtypes the kernel file of FAMILY for BACKEND serves (empty when none ships)."""
+    kernel = kernel_file(backend, family)
+    if kernel is None:
+        return ()
+    return kernel[1] or ("float32", "float16", "bfloat16")
 
 
 def prove_module_call(wrapper: nn.Module, args: tuple[torch.Tensor, ...], provider: Provider, label: str,
