@@ -387,7 +387,7 @@ def test_catalog_and_doctor_say_which_kernels_apply_here(capsys, monkeypatch):
     assert set(rows) >= {"rms_norm", "gated_mlp", "gelu_tanh", "gpt2_mlp", "linear_gelu", "mlp"}
     assert "LlamaRMSNorm" in rows["rms_norm"].classes and "mps" in rows["rms_norm"].backends
     # the routed computations (below modules the library cannot replace) are listed too, with no class
-    assert set(rows["rotary"].backends) == {"cpu", "mps"} and not rows["rotary"].classes
+    assert set(rows["rotary"].backends) == {"cpu", "cuda", "mps"} and not rows["rotary"].classes
     assert "cuda" in rows["attention_decode"].backends
     assert cli_main(["doctor"]) == 0
     out = capsys.readouterr().out

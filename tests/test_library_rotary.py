@@ -1,7 +1,10 @@
 """The library's rotary embeddings (library/rotary.py): HF's apply_rotary_pos_emb routed to proven kernels."""
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from metal_accel.core.specs import InputSpec
 from metal_accel.library import rotary, routing
 from metal_accel.library.provider import kernel_file
 from metal_accel.proof.testdata import rope_sweep_specs
+from limits import HANG_S
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama  # noqa: E402
@@ -152,3 +156,68 @@ def test_the_library_off_leaves_the_function_alone(monkeypatch: pytest.MonkeyPat
     model = tiny_llama()
     assert rotary.attach(model, get_backend("cpu")) == ""
     assert not isinstance(modeling_llama.apply_rotary_pos_emb, rotary.RotaryRouter)
+
+
+# ---------------------------------------------------------------- the CUDA file (no GPU here)
+
+def cuda_text() -> str:
+    return (kernel_file("cuda", rotary.FAMILY) or ("",))[0]
+
+
+def test_every_rotary_file_passes_the_static_checks():
+    from metal_accel.backends.cuda.signature import parse_cuda_kernels
+    from metal_accel.core.candidate import parse_candidate
+    from metal_accel.sandbox.host import check_host_code
+    from metal_accel.sandbox.kernel_source import check_kernel_source
+    for backend in ("cpu", "cuda", "mps"):
+        cand = parse_candidate((kernel_file(backend, rotary.FAMILY) or ("",))[0] + rotary.GLUE, backend, "library:rotary")
+        check_host_code(cand.code)
+        check_kernel_source(cand.source, {"cpu": "c++", "cuda": "cuda", "mps": "msl"}[backend])
+    kernels = parse_cuda_kernels(parse_candidate(cuda_text() + rotary.GLUE, "cuda", "t").source)
+    assert set(kernels) == {"rotary_f32", "rotary_f16", "rotary_bf16"}  # written out: the backend finds them so
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_the_cuda_kernel_compiles_for_sm90_without_fused_multiply_adds(tmp_path):
+    from metal_accel.core.candidate import parse_candidate
+    src = tmp_path / "k.cu"
+    src.write_text(parse_candidate(cuda_text() + rotary.GLUE, "cuda", "t").source)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-std=c++17", "-o", str(tmp_path / "k.ptx"), str(src)],
+                          capture_output=True, text=True, timeout=HANG_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert "fma." not in ptx and ".local" not in ptx  # eager's rounding: products rounded before the add
+
+
+def emulated_cuda_lib() -> SimpleNamespace:
+    """The CUDA kernels' contract in torch: rows of x at the strides passed, cos/sin rows at cb/cs, products
+    rounded to the dtype before the add (torch's own mul and add do exactly that)."""
+    def launch(x, c, s, y, total, H, S, D, xb, xh, xs, yb, yh, ys, cb, cs, grid=None, block=None):
+        assert block == (256,) and grid[0] >= 1
+        B = total // (H * S * (D // 2))
+        X = x.as_strided((B, H, S, D), (xb, xh, xs, 1), x.storage_offset())
+        C = c.as_strided((B, S, D), (cb, cs, 1), c.storage_offset()).unsqueeze(1)
+        Sn = s.as_strided((B, S, D), (cb, cs, 1), s.storage_offset()).unsqueeze(1)
+        half = D // 2
+        y.as_strided((B, H, S, D), (yb, yh, ys, 1), y.storage_offset()).copy_(
+            X * C + torch.cat((-X[..., half:], X[..., :half]), dim=-1) * Sn)
+    return SimpleNamespace(rotary_f32=launch, rotary_f16=launch, rotary_bf16=launch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["hf", "contiguous", "sliced"])
+@pytest.mark.parametrize("cos_batch", [1, 3])
+def test_the_cuda_host_code_passes_the_strides_the_kernel_reads(dtype, layout, cos_batch):
+    from metal_accel.sandbox.host import load_forward
+    forward = load_forward(cuda_text() + rotary.GLUE, emulated_cuda_lib())
+    q, k, c, s = hf_inputs(B=3, S=5, dtype=dtype, cos_batch=cos_batch)
+    if layout == "contiguous":
+        q, k = q.contiguous(), k.contiguous()
+    elif layout == "sliced":  # rows further apart than their width: copied, then the output in eager's layout
+        q = torch.randn(3, 4, 5, 20, dtype=dtype)[..., :16]
+    got = forward(SimpleNamespace(unsqueeze_dim=1), q, k, c, s)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, c, s)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
