@@ -1,6 +1,7 @@
 """The library's rotary embeddings (library/rotary.py): HF's apply_rotary_pos_emb routed to proven kernels."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -221,3 +222,29 @@ def test_the_cuda_host_code_passes_the_strides_the_kernel_reads(dtype, layout, c
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+SLOW_ROPE = '''
+import time
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as _llama
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    time.sleep(0.002)  # a function much slower than any kernel computing the same values
+    return _llama(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_the_speed_gate_times_the_kernel_against_the_models_function(tmp_path, monkeypatch):
+    """The wrapper is proven in eval mode: a dispatcher runs no kernel for a module in training mode, so a
+    wrapper left in nn.Module's default mode had its gate time the function against itself (about 1.0x)."""
+    (tmp_path / "slow_rope.py").write_text(SLOW_ROPE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    wrapper = rotary.RotaryApply("slow_rope.apply_rotary_pos_emb")
+    assert wrapper.training  # nn.Module's default: prove_module_call must not time it so
+    op, rep = rotary.prove_module_call(wrapper, hf_inputs(), rotary.RotaryProvider(), "rotary", get_backend("cpu"))
+    assert op is not None and rep.status == "kernel", (rep.reason, rep.rejected)
+    assert rep.speedup is not None and rep.speedup > 3, rep.reason  # 2 ms of sleep against a kernel of microseconds

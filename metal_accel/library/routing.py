@@ -58,7 +58,9 @@ def prove_module_call(wrapper: nn.Module, args: tuple[torch.Tensor, ...], provid
     """The pipeline's decision for WRAPPER called on ARGS with PROVIDER's candidates (torch.compile not tried;
     one launch per call, no CUDA graph: what every other shape runs too), and the accepted kernel's op."""
     backend = backend or backend_for_device(args[0].device)
-    wrapper = wrapper.to(args[0].device)
+    # eval mode: a dispatcher runs no kernel for a module in training mode, and the speed gate times the call
+    # through one (a wrapper left in nn.Module's default training mode timed eager against eager)
+    wrapper = wrapper.to(args[0].device).eval()
     args = tuple(t.detach().clone() for t in args)
     with torch.no_grad(), dispatch.eager_only():
         out = wrapper(*args)
