@@ -55,7 +55,9 @@ def test_signature_serves_hfs_form_only():
 
 def test_one_generic_key_serves_every_batch_and_length_and_the_sweep_keeps_the_layout():
     key = lambda *t: generic_key("f" * 64, InputSpec.of(t, {}), "cpu", "rope")  # noqa: E731
-    assert key(*hf_inputs(B=2, S=5)) == key(*hf_inputs(B=3, S=1)) == key(*hf_inputs(B=1, S=300))
+    assert key(*hf_inputs(B=2, S=5)) == key(*hf_inputs(B=3, S=2)) == key(*hf_inputs(B=1, S=300))
+    # a decode step (one position) is decided apart from prefill, for every batch
+    assert key(*hf_inputs(B=3, S=1)) == key(*hf_inputs(B=1, S=1)) != key(*hf_inputs(B=3, S=2))
     assert key(*hf_inputs(D=32)) != key(*hf_inputs(D=16))
     assert key(*hf_inputs(Hq=8)) != key(*hf_inputs(Hq=4))
     assert key(*hf_inputs(dtype=torch.bfloat16)) != key(*hf_inputs())
@@ -67,7 +69,8 @@ def test_one_generic_key_serves_every_batch_and_length_and_the_sweep_keeps_the_l
         q = v.tensor_specs()[0]
         assert q.stride[1] == q.shape[3] and q.stride[2] == q.shape[1] * q.shape[3]  # still stored as [B, S, H, D]
     for v in variants:
-        assert key(*(torch.empty_strided(t.shape, t.stride) for t in v.tensor_specs())) == key(*hf_inputs())
+        one = v.tensor_specs()[0].shape[2] == 1
+        assert (key(*(torch.empty_strided(t.shape, t.stride) for t in v.tensor_specs())) == key(*hf_inputs())) != one
 
 
 def prove(inputs: tuple[torch.Tensor, ...], text: str | None = None, monkeypatch: pytest.MonkeyPatch | None = None,

@@ -133,7 +133,9 @@ def kv_generic_spec(spec: InputSpec) -> str | None:
 
 def rope_generic_spec(spec: InputSpec) -> str | None:
     """A rotary-embedding call's spec (q [B, Hq, S, D], k [B, Hkv, S, D], cos and sin [B or 1, S, D]) as text with
-    the batch B and the sequence length S written as letters (KIND "rope"). None for calls of other forms."""
+    the batch B and the sequence length S written as letters (KIND "rope"), but for S = 1: a decode step is timed
+    and decided apart from prefill (its host overhead is another regime: 0.7x at one position, 1.3-16x at 128-512
+    on the CPU). None for calls of other forms."""
     tensors = spec.tensor_specs()
     if spec.kwargs or len(spec.args) != 4 or len(tensors) != 4 \
             or [len(t.shape) for t in tensors] != [4, 4, 3, 3]:
@@ -144,7 +146,7 @@ def rope_generic_spec(spec: InputSpec) -> str | None:
         dims: list[object] = list(t.shape)
         seq = 2 if i < 2 else 1
         dims[0] = "B" if dims[0] == batch and (i < 2 or batch > 1) else dims[0]  # cos [1, S, D]: broadcast
-        dims[seq] = "S" if dims[seq] == length else dims[seq]
+        dims[seq] = "S" if dims[seq] == length and length > 1 else dims[seq]  # decode (one position): its own
         parts.append(f"{t.dtype}{dims}@{t.device}")  # any layout: the sweep proves both of HF's (rope_sweep_specs)
     return "rope:" + ";".join(parts)
 
