@@ -272,6 +272,7 @@ def explain(model: nn.Module) -> OptimizeReport:
         if m.status != "eager" and disp is not None and disp.failures and not disp.table:
             m.status, m.reason = "eager", f"{m.status} failed at run time: " + redact("; ".join(disp.failures.values()))
     annotate(report, model)
+    report.notes = [n for n in report.notes if not n.startswith(rotary.DECISION)] + rotary.decisions(model)
     return report
 
 

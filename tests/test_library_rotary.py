@@ -145,6 +145,8 @@ def test_optimize_routes_the_models_rotary_calls_and_restore_puts_the_function_b
     with torch.inference_mode():
         out = model(ids).logits
         assert router.hits >= 2, router.reports  # one call per layer
+        decided = [n for n in metal_accel.explain(model).notes if n.startswith(rotary.DECISION)]
+        assert len(decided) == 1 and ": kernel: " in decided[0], decided  # one signature: both layers' calls
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
         # a call of another form goes to the model's own function
         q, k, c, s = hf_inputs()

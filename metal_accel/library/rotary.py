@@ -214,6 +214,15 @@ def detach(model: nn.Module) -> None:
             setattr(module, FUNCTION, fn)
 
 
-def reports() -> list[ModuleReport]:
-    """The decisions of every router in place, in the order they were made."""
-    return [r for router in _routers.values() for r in router.reports]
+DECISION = "rotary decision: "  # the prefix of explain()'s notes about signatures decided since optimize()
+
+
+def decisions(model: nn.Module) -> list[str]:
+    """One line per signature the routers of MODEL's functions decided: what runs it, and why."""
+    lines = []
+    for name in model.__dict__.get(_ATTACHED, []):
+        router = _routers.get(name)
+        for rep in router.reports if router is not None else []:
+            runs = "kernel" if rep.status == "kernel" else "the model's function"
+            lines.append(f"{DECISION}{rep.name} ({rep.spec}): {runs}: {rep.reason}")
+    return lines
