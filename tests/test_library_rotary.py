@@ -107,7 +107,8 @@ def test_the_cpu_kernel_is_proven_for_llamas_function(dtype, cos_batch):
 @pytest.mark.parametrize("backend, old, new", [
     ("cpu", "b2 = mul(-x2,", "b2 = mul(x2,"),
     ("mps-emu", "b1 = float(T(-x2 *", "b1 = float(T(x2 *"),
-    ("mps-emu", "const uint pos = row % S, head = (row / S) % H", "const uint pos = row % S, head = (row / S) % 1"),
+    ("mps-emu", "const uint pos = i % S, head = (i / S) % H", "const uint pos = i % S, head = (i / S) % 1"),
+    ("mps-emu", "const bool is_q = row < rq;", "const bool is_q = row <= rq;"),
 ])
 def test_a_broken_kernel_is_rejected(monkeypatch: pytest.MonkeyPatch, backend: str, old: str, new: str):
     text = (kernel_file(backend, rotary.FAMILY) or ("",))[0]
@@ -197,17 +198,19 @@ def test_the_cuda_kernel_compiles_for_sm90_without_fused_multiply_adds(tmp_path)
 
 
 def emulated_cuda_lib() -> SimpleNamespace:
-    """The CUDA kernels' contract in torch: rows of x at the strides passed, cos/sin rows at cb/cs, products
-    rounded to the dtype before the add (torch's own mul and add do exactly that)."""
-    def launch(x, c, s, y, total, H, S, D, xb, xh, xs, yb, yh, ys, cb, cs, grid=None, block=None):
+    """The CUDA kernels' contract in torch: q and k read in the layout each flag names (0: [B, H, S, D], 1: stored as
+    [B, S, H, D]), cos/sin rows at cb, products rounded to the dtype before the add (torch's mul and add do that)."""
+    def launch(q, k, c, s, oq, ok, B, Hq, Hk, S, D, lq, lk, cb, grid=None, block=None):
         assert block == (256,) and grid[0] >= 1
-        B = total // (H * S * (D // 2))
-        X = x.as_strided((B, H, S, D), (xb, xh, xs, 1), x.storage_offset())
-        C = c.as_strided((B, S, D), (cb, cs, 1), c.storage_offset()).unsqueeze(1)
-        Sn = s.as_strided((B, S, D), (cb, cs, 1), s.storage_offset()).unsqueeze(1)
+        assert all(t.is_contiguous() for t in (q, k, c, s, oq, ok))  # what the launcher takes
+        C = c.as_strided((B, S, D), (cb, D, 1), c.storage_offset()).unsqueeze(1)
+        Sn = s.as_strided((B, S, D), (cb, D, 1), s.storage_offset()).unsqueeze(1)
         half = D // 2
-        y.as_strided((B, H, S, D), (yb, yh, ys, 1), y.storage_offset()).copy_(
-            X * C + torch.cat((-X[..., half:], X[..., :half]), dim=-1) * Sn)
+        for x, y, H, layout in ((q, oq, Hq, lq), (k, ok, Hk, lk)):
+            shape = (B, S, H, D) if layout else (B, H, S, D)
+            X = x.reshape(shape).transpose(1, 2) if layout else x.reshape(shape)
+            Y = y.view(shape).transpose(1, 2) if layout else y.view(shape)
+            Y.copy_(X * C + torch.cat((-X[..., half:], X[..., :half]), dim=-1) * Sn)
     return SimpleNamespace(rotary_f32=launch, rotary_f16=launch, rotary_bf16=launch)
 
 
