@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 import metal_accel
 from metal_accel.backends import get_backend
@@ -256,3 +257,36 @@ def test_the_speed_gate_times_the_kernel_against_the_models_function(tmp_path, m
     op, rep = rotary.prove_module_call(wrapper, hf_inputs(), rotary.RotaryProvider(), "rotary", get_backend("cpu"))
     assert op is not None and rep.status == "kernel", (rep.reason, rep.rejected)
     assert rep.speedup is not None and rep.speedup > 3, rep.reason  # 2 ms of sleep against a kernel of microseconds
+
+
+REEXPORT = '''
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # a modeling file reusing Llama's
+
+
+class Holder(nn.Module):
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+'''
+
+
+def test_a_function_imported_from_another_modeling_file_is_routed_where_it_is_called(tmp_path, monkeypatch):
+    (tmp_path / "reexport_rope.py").write_text(REEXPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import reexport_rope
+    function = reexport_rope.apply_rotary_pos_emb
+    model = nn.Sequential(reexport_rope.Holder())
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    try:
+        assert "reexport_rope.apply_rotary_pos_emb" in rotary.attach(model, get_backend("cpu"))
+        assert isinstance(reexport_rope.apply_rotary_pos_emb, rotary.RotaryRouter)
+        assert modeling_llama.apply_rotary_pos_emb is function  # Llama's own module is not this model's
+        assert rotary.original("reexport_rope.apply_rotary_pos_emb") is function
+    finally:
+        rotary.detach(model)
+    assert reexport_rope.apply_rotary_pos_emb is function
+    # a function someone else put there meanwhile is left in place
+    rotary.attach(model, get_backend("cpu"))
+    reexport_rope.apply_rotary_pos_emb = other = lambda *a, **k: None  # noqa: E731
+    rotary.detach(model)
+    assert reexport_rope.apply_rotary_pos_emb is other

@@ -163,12 +163,13 @@ _users: dict[str, set[int]] = {}  # "module.function" -> ids of the models attac
 
 
 def _modeling_functions(model: nn.Module) -> list[str]:
-    """'module.apply_rotary_pos_emb' of each module of the model's classes that defines one as a plain function."""
+    """'module.apply_rotary_pos_emb' of each module of the model's classes whose global of that name is a plain
+    function (its own, or one it imported from another modeling file: the name its attention code calls)."""
     names = []
     for module_name in sorted({type(m).__module__ for m in model.modules()}):
         module = sys.modules.get(module_name)
         fn = getattr(module, FUNCTION, None) if module is not None else None
-        if isinstance(fn, RotaryRouter) or (inspect.isfunction(fn) and fn.__module__ == module_name):
+        if isinstance(fn, RotaryRouter) or inspect.isfunction(fn):
             names.append(f"{module_name}.{FUNCTION}")
     return names
 
@@ -178,9 +179,8 @@ def attach(model: nn.Module, backend: Backend) -> str:
     report ('' when the model has no such function, no kernel ships or the library is off)."""
     if not settings.current().library or not ships_for(backend.name):
         return ""
-    param = next(model.parameters(), None)
-    dtype = str(param.dtype).replace("torch.", "") if param is not None else ""
-    if dtype not in ships_for(backend.name):
+    param = next(model.parameters(), None)  # a model of a dtype no kernel serves is left alone
+    if param is not None and str(param.dtype).replace("torch.", "") not in ships_for(backend.name):
         return ""
     names = _modeling_functions(model)
     for name in names:
@@ -209,9 +209,9 @@ def detach(model: nn.Module) -> None:
             continue
         module = sys.modules.get(name.rpartition(".")[0])
         fn = _originals.pop(name, None)
-        _routers.pop(name, None)
-        if module is not None and fn is not None:
-            setattr(module, FUNCTION, fn)
+        router = _routers.pop(name, None)
+        if module is not None and fn is not None and getattr(module, FUNCTION, None) is router:
+            setattr(module, FUNCTION, fn)  # (not where someone else has put another function there since)
 
 
 DECISION = "rotary decision: "  # the prefix of explain()'s notes about signatures decided since optimize()
