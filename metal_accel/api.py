@@ -142,7 +142,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     proving = sum(plan.stage_s.values())
     plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
     with clock(report.stage_s, "attention kernels"):
-        report.notes += _attach_attention(model, be, strict)
+        report.notes += _attach_routed(model, be, strict)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
         return report
     kwargs = dict(example_kwargs or {})
@@ -194,7 +194,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     return report
 
 
-def _attach_attention(model: nn.Module, be: Backend, strict: bool) -> list[str]:
+def _attach_routed(model: nn.Module, be: Backend, strict: bool) -> list[str]:
     """An HF model's sdpa attention and rotary embeddings through the library's proven kernels
     (library/hf_attention.py, library/rotary.py); the report's lines about them, none for other models."""
     lines = []

@@ -144,9 +144,11 @@ class RotaryRouter:
                 return self.routes[sig]
             label = f"rotary[q {'x'.join(map(str, q.shape))}, k heads {k.shape[1]}]"
             try:
+                # the backend optimize() attached with, or the one of the device the call runs on (a model moved)
+                backend = self.backend if q.device.type == self.backend.device_type else None
                 with settings.using(self.settings):
                     op, rep = prove_module_call(RotaryApply(self.function), (q, k, cos, sin), RotaryProvider(),
-                                                label, self.backend)
+                                                label, backend)
             except Exception as exc:  # never a wrong answer: the model's function
                 log.warning("metal_accel: rotary not proven: %s: %s", type(exc).__name__, exc)
                 op, rep = None, None
