@@ -290,3 +290,13 @@ def test_a_function_imported_from_another_modeling_file_is_routed_where_it_is_ca
     reexport_rope.apply_rotary_pos_emb = other = lambda *a, **k: None  # noqa: E731
     rotary.detach(model)
     assert reexport_rope.apply_rotary_pos_emb is other
+
+
+def test_a_dtype_no_kernel_serves_goes_to_the_function_without_a_proof():
+    router = rotary.RotaryRouter(LLAMA, get_backend("cpu"))
+    q, k, c, s = hf_inputs(dtype=torch.float64)  # the float64 runs of a whole-model check
+    with torch.no_grad():
+        got = router(q, k, c, s)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, c, s)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert router.reports == [] and list(router.routes.values()) == [None] and router.hits == 0

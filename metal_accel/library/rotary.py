@@ -143,9 +143,12 @@ class RotaryRouter:
             if sig in self.routes:
                 return self.routes[sig]
             label = f"rotary[q {'x'.join(map(str, q.shape))}, k heads {k.shape[1]}]"
+            # the backend optimize() attached with, or the one of the device the call runs on (a model moved)
+            backend = self.backend if q.device.type == self.backend.device_type else None
+            if backend is not None and str(q.dtype).replace("torch.", "") not in ships_for(backend.name):
+                self.routes[sig] = None  # no kernel for this dtype (the float64 runs of a whole-model check)
+                return None
             try:
-                # the backend optimize() attached with, or the one of the device the call runs on (a model moved)
-                backend = self.backend if q.device.type == self.backend.device_type else None
                 with settings.using(self.settings):
                     op, rep = prove_module_call(RotaryApply(self.function), (q, k, cos, sin), RotaryProvider(),
                                                 label, backend)
