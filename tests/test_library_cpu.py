@@ -389,17 +389,20 @@ def test_layer_norm_wrong_variant_rejected(tmp_path, dtype):
 @pytest.mark.slow
 @pytest.mark.needs_cxx
 def test_layer_norm_rows_where_float32_moments_break_down():
-    """Rows of huge values (squares overflow float32) and constant rows (variance exactly 0): the kernel gives
-    float64's answer, in-process (eager's own float32 kernel gives NaN on some of them)."""
+    """Rows of huge values (squares overflow float32), constant rows (variance exactly 0) and constant rows of huge
+    values (a float mean one ulp off would normalize to +-1; float64 gives the bias): the kernel gives float64's
+    answer, in-process (eager's own float32 kernel gives NaN on some of them; a fresh-check's secret draw once
+    rejected the Metal kernel on such a row)."""
     from metal_accel.backends import get_backend
     from metal_accel.sandbox.host import load_forward
     cand = parse_candidate(kernel_file("layer_norm") + "\n\n" + GLUE_LN, "cpu", "layer_norm")
     forward = load_forward(cand.code, get_backend("cpu").compile(cand.source))
     for D in (37, 64, 768):
         m = _layer_norm(D, torch.float32)
-        x = torch.randn(4, D)
+        x = torch.randn(7, D)
         big = torch.finfo(torch.float32).max / 4
         x[0, :5], x[1, :5], x[2], x[3, ::2] = big, -big, 2.75, 1e30
+        x[4], x[5], x[6] = 1e20, -3e30, 5e14  # constant rows over 2^48
         want = torch.nn.functional.layer_norm(x.double(), (D,), m.weight.double(), m.bias.double(), m.eps)
         with torch.inference_mode():
             got = forward(m, x)

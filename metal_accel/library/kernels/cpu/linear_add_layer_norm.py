@@ -19,17 +19,33 @@ SOURCE = r"""
 #include "ma_bf16.h"
 
 
-// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
-// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
-// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
-// back: float64's answer where eager's float32 variance overflows.
-static const float BIG = 281474976710656.0f, SMALL = 7.888609052210118e-31f;  // 2^48, 2^-100
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does
+// not. Rows over 2^48 in magnitude (no real activation), whose squared deviations could overflow float, take
+// ln_row_huge: double statistics, float64's answer where eager's float32 variance overflows.
+static const float BIG = 281474976710656.0f;  // 2^48
 static const float SUM_SCALE = 2.3283064365386963e-10f, SUM_UNSCALE = 4294967296.0f;  // 2^-32, 2^32
 
 static inline float ld(const float* p, int i) { return p[i]; }
 static inline float ld(const uint16_t* p, int i) { return bf16_to_f32(p[i]); }
 static inline void st(float* p, int i, float v) { p[i] = v; }
 static inline void st(uint16_t* p, int i, float v) { p[i] = f32_to_bf16(v); }
+
+// A row over 2^48 in magnitude (no real activation; eager's float32 variance overflows to NaN there): its
+// statistics in double, exact for a constant row, so the output is float64's answer (a constant row gives the bias;
+// a float mean's rounding would normalize a one-ulp error to +-1).
+template <typename X, typename W>
+static inline void ln_row_huge(const X* x, const W* w, const W* b, X* y, int dim, float eps) {
+  double s = 0.0;
+  for (int i = 0; i < dim; ++i) s += ld(x, i);
+  const double mean = s / dim;
+  double q = 0.0;
+  for (int i = 0; i < dim; ++i) {
+    const double d = ld(x, i) - mean;
+    q += d * d;
+  }
+  const double rstd = 1.0 / std::sqrt(q / dim + eps);
+  for (int i = 0; i < dim; ++i) st(y, i, (float)((ld(x, i) - mean) * rstd * ld(w, i) + ld(b, i)));
+}
 
 // one row, in place: h = round_X(h + r), then h = (h - mean) * rstd * weight + bias
 template <typename X, typename W>
@@ -42,15 +58,18 @@ static inline void add_ln_row(X* h, const X* r, const W* w, const W* b, int dim,
     const float a = std::fabs(ld(h, i));
     amax = a > amax ? a : amax;
   }
+  if (amax > BIG) {
+    ln_row_huge(h, w, b, h, dim, eps);
+    return;
+  }
   const float mean = s / (float)dim * SUM_UNSCALE;
-  const float scale = amax > BIG ? SMALL : 1.0f;
   float q = 0.0f;
   #pragma omp simd reduction(+ : q)
   for (int i = 0; i < dim; ++i) {
-    const float d = (ld(h, i) - mean) * scale;
+    const float d = ld(h, i) - mean;
     q += d * d;
   }
-  const float rstd = scale * (1.0f / std::sqrt(q / (float)dim + eps * scale * scale));
+  const float rstd = 1.0f / std::sqrt(q / (float)dim + eps);
   const float shift = -mean * rstd;
   #pragma omp simd
   for (int i = 0; i < dim; ++i) st(h, i, (ld(h, i) * rstd + shift) * ld(w, i) + ld(b, i));
