@@ -386,9 +386,10 @@ def test_linear_add_layer_norm_bert(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ("layer_norm", "part[sg] = float2(s, m);\n    threadgroup_barrier(mem_flags::mem_threadgroup);\n",
      "part[sg] = float2(s, m);\n", "data race"),
     # the unbiased variance
-    ("layer_norm", "q += d * d; }\n        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) "
-     "/ float(D)", "q += d * d; }\n        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) "
+    ("layer_norm", "q += d * d; }\n        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) "
+     "/ float(D)", "q += d * d; }\n        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) "
      "/ float(D - 1)", "incorrect"),
+
     # the residual left out of the scalar path
     ("linear_add_layer_norm", "const T t = T(float(hr[j]) + float(rr[j]));", "const T t = T(float(hr[j]));",
      "incorrect"),
@@ -401,6 +402,49 @@ def test_layer_norm_broken_variants_rejected(tmp_path: Path, monkeypatch: pytest
     else:
         module, x = _bert_output("BertSelfOutput", FP32, 37, 37), (torch.randn(2, 3, 37), torch.randn(2, 3, 37))
     check_rejected(tmp_path, monkeypatch, family, old, new, module, x, why)
+
+
+HUGE_VAR = ("const float var_u = group_sum(q, part_q, lane, sg, nsg) / float(D);",
+            "const float var_u = group_sum(q, part_q, lane, sg, nsg) / float(D - 1);")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+@pytest.mark.parametrize("family", ["layer_norm", "linear_add_layer_norm"])
+@pytest.mark.parametrize("broken", [False, True], ids=["kernel", "unbiased-variance-variant"])
+def test_layer_norm_rows_where_float32_moments_break_down(family: str, broken: bool) -> None:
+    """Rows over 2^48 in magnitude (squares overflow float32; eager's own float32 LayerNorm gives NaN on some),
+    constant ones among them (a float mean one ulp off normalizes to +-1 where float64 gives the bias: a
+    fresh-check's secret draw once rejected this kernel on such a row), on the emulator against float64; the
+    check fails for a kernel whose path for such rows is wrong (the proof's random draws rarely reach it)."""
+    from types import SimpleNamespace
+
+    from metal_accel.backends import get_backend
+    from metal_accel.core.candidate import declared_source
+    from metal_accel.proof.prove import kernels_only
+    from metal_accel.runtime.native_policy import runtime_library
+    text = kernel_file(family).replace(*HUGE_VAR) if broken else kernel_file(family)
+    glue = ("\n\ndef forward(module, x):\n    return layer_norm(x, module.weight, module.bias, module.eps)\n"
+            if family == "layer_norm" else
+            "\n\ndef forward(module, x, residual):\n    return linear_add_layer_norm(x, residual, module.dw, module.db, "
+            "module.weight, module.bias, module.eps)\n")
+    be = get_backend("mps-emu")
+    forward = load_forward(text + glue, kernels_only(runtime_library(be, declared_source(text))))
+    torch.manual_seed(0)
+    ok = []
+    for D in (37, 64, 264):
+        ln = _layer_norm(FP32, D)
+        x = torch.randn(7, D)
+        big = torch.finfo(torch.float32).max / 4
+        x[0, :5], x[1, :5], x[2], x[3, ::2] = big, -big, 2.75, 1e30
+        x[4], x[5], x[6] = 1e20, -3e30, 5e14  # constant rows over 2^48
+        view = SimpleNamespace(weight=ln.weight.detach(), bias=ln.bias.detach(), eps=ln.eps,
+                               dw=torch.eye(D), db=torch.zeros(D))
+        want = torch.nn.functional.layer_norm(x.double(), (D,), view.weight.double(), view.bias.double(), ln.eps)
+        with torch.no_grad():
+            got = forward(view, x) if family == "layer_norm" else forward(view, x, torch.zeros_like(x))
+        ok.append(bool(torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)))
+    assert all(ok) != broken, ok
 
 
 # ---------------------------------------------------------------- the Mac's command, smoke-run on the emulator

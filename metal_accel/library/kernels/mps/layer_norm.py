@@ -31,14 +31,46 @@ inline float2 group_sum_max(float s, float m, threadgroup float2* part, uint lan
     return t;
 }
 
-// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does not
-// and a row's sum rounds as the plain sum would (a constant row's mean is exact). Rows whose squared deviations
-// could overflow float (|x| over 2^48: no real activation) have them summed scaled by 2^-100, and rstd scaled
-// back: float64's answer where eager's float32 variance overflows.
+// The mean sums x * 2^-32 (exact: a power of two) and scales back, so no partial sum overflows where the mean does
+// not. Rows over 2^48 in magnitude (no real activation), whose squared deviations could overflow float, take
+// huge_row (below): float64's answer where eager's float32 variance overflows.
 constant float BIG = 281474976710656.0f;      // 2^48
 constant float SMALL = 7.888609052210118e-31f;  // 2^-100
 constant float SUM_SCALE = 2.3283064365386963e-10f;  // 2^-32
 constant float SUM_UNSCALE = 4294967296.0f;  // 2^32
+
+// The threadgroup's largest value: simd_max, one partial per SIMD-group, one barrier.
+inline float group_max(float v, threadgroup float* part, uint lane, uint sg, uint nsg) {
+    v = simd_max(v);
+    if (lane == 0) part[sg] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float t = part[0];
+    for (uint i = 1; i < nsg; ++i) t = fmax(t, part[i]);
+    return t;
+}
+
+// A row over 2^48 in magnitude (no real activation; eager's float32 variance overflows there), called by the whole
+// threadgroup: the statistics of u = x * 2^-100 (exact: a power of two), its sum shifted by the row's largest u (an
+// element, so a constant row's deviations are exactly 0: a float mean one ulp off would normalize to +-1), then
+// y = (u - mean_u) * rsqrt(var_u) * w + b, which is (x - mean) * rsqrt(var + eps) * w + b with eps negligible (a
+// nonzero var is over 2^48 here) and 0 * w + b for a zero var: float64's answer. Scalar loads; every pass reads
+// what the same thread read before, except the first, behind the caller's device barrier where x was just written.
+template <typename T, typename W>
+inline void huge_row(device const T* xr, device const W* w, device const W* b, device T* yr, uint D, uint tid,
+                     uint tpg, threadgroup float* part_p, threadgroup float* part_s, threadgroup float* part_q,
+                     uint lane, uint sg, uint nsg) {
+    float p = -3.402823466e38f;
+    for (uint j = tid; j < D; j += tpg) p = fmax(p, float(xr[j]) * SMALL);
+    p = group_max(p, part_p, lane, sg, nsg);
+    float s = 0.0f;
+    for (uint j = tid; j < D; j += tpg) s += float(xr[j]) * SMALL - p;
+    const float mean_u = p + group_sum(s, part_s, lane, sg, nsg) / float(D);
+    float q = 0.0f;
+    for (uint j = tid; j < D; j += tpg) { const float d = float(xr[j]) * SMALL - mean_u; q += d * d; }
+    const float var_u = group_sum(q, part_q, lane, sg, nsg) / float(D);
+    const float inv = var_u > 0.0f ? rsqrt(var_u) : 0.0f;
+    for (uint j = tid; j < D; j += tpg) yr[j] = T(float(w[j]) * ((float(xr[j]) * SMALL - mean_u) * inv) + float(b[j]));
+}
 
 // One threadgroup per row of x (D elements of T); w, b: D of W; y: rows of T, contiguous. mean and the biased
 // variance in float (two passes over the row, the second from cache), y = (x - mean) * rsqrt(var + eps) * w + b in
@@ -51,7 +83,7 @@ kernel void layer_norm(device const T* x [[buffer(0)]], device const W* w [[buff
                        uint tpg [[threads_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                        uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
     threadgroup float2 part_mean[32];
-    threadgroup float part_var[32];
+    threadgroup float part_var[32], part_hp[32], part_hs[32], part_hq[32];
     device const T* xr = x + (ulong)row * D;
     device T* yr = y + (ulong)row * D;
     float s = 0.0f;
@@ -67,12 +99,16 @@ kernel void layer_norm(device const T* x [[buffer(0)]], device const W* w [[buff
             m = fmax(m, fmax(fmax(abs(f.x), abs(f.y)), fmax(abs(f.z), abs(f.w))));
         }
         const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
-        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
+        if (sm.y > BIG) {
+            huge_row(xr, w, b, yr, D, tid, tpg, part_hp, part_hs, part_hq, lane, sg, nsg);
+            return;
+        }
+        const float mean = sm.x / float(D) * SUM_UNSCALE;
         for (uint j = tid; j < n4; j += tpg) {
-            const float4 d = (float4(x4[j]) - mean) * scale;
+            const float4 d = (float4(x4[j]) - mean);
             q += (d.x * d.x + d.y * d.y) + (d.z * d.z + d.w * d.w);
         }
-        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
+        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
         device const vec<W, 4>* w4 = (device const vec<W, 4>*)w;
         device const vec<W, 4>* b4 = (device const vec<W, 4>*)b;
         device vec<T, 4>* y4 = (device vec<T, 4>*)yr;
@@ -85,9 +121,13 @@ kernel void layer_norm(device const T* x [[buffer(0)]], device const W* w [[buff
             m = fmax(m, abs(f));
         }
         const float2 sm = group_sum_max(s, m, part_mean, lane, sg, nsg);
-        const float mean = sm.x / float(D) * SUM_UNSCALE, scale = sm.y > BIG ? SMALL : 1.0f;
-        for (uint j = tid; j < D; j += tpg) { const float d = (float(xr[j]) - mean) * scale; q += d * d; }
-        const float rstd = scale * rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps * scale * scale);
+        if (sm.y > BIG) {
+            huge_row(xr, w, b, yr, D, tid, tpg, part_hp, part_hs, part_hq, lane, sg, nsg);
+            return;
+        }
+        const float mean = sm.x / float(D) * SUM_UNSCALE;
+        for (uint j = tid; j < D; j += tpg) { const float d = (float(xr[j]) - mean); q += d * d; }
+        const float rstd = rsqrt(group_sum(q, part_var, lane, sg, nsg) / float(D) + eps);
         for (uint j = tid; j < D; j += tpg) yr[j] = T(float(w[j]) * ((float(xr[j]) - mean) * rstd) + float(b[j]));
     }
 }
