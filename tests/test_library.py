@@ -465,9 +465,10 @@ def test_every_shipped_metal_kernel_is_proven_through_the_library(family, monkey
         got = model(*xs)
     row = next(m for m in metal_accel.explain(model).modules if m.name == type(model).__name__)
     if family in ("layer_norm", "linear_add_layer_norm") and row.status == "eager":
-        # known, open: on rare secret draws of the special-values trial (one fresh-check in several runs) the
-        # Metal LayerNorm's NaN positions differ from eager's; the proof rejects it and eager runs. Anything
-        # else that keeps it out fails here.
+        # seen once in a fresh-check: a special-values draw with a constant row over 2^48, where the kernel's float
+        # mean (one ulp off) normalized to +-1 and float64 gives the bias; the proof rejected it and eager ran.
+        # Fixed (huge_row; test_library_mps.py::test_layer_norm_rows_where_float32_moments_break_down checks
+        # it); kept tolerant of that one rejection until fresh-checks confirm no other cause. Anything else fails.
         assert all("(special inputs)" in r for r in row.rejected), (row.reason, row.rejected)
         torch.testing.assert_close(got, want)
         return
