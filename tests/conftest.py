@@ -48,7 +48,11 @@ def isolated_user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
         monkeypatch.delenv("METAL_ACCEL_TRUST_NATIVE", raising=False)
     else:
         monkeypatch.setenv("METAL_ACCEL_TRUST_NATIVE", "1")
-    return path
+    yield path
+    # optimize() on an HF model routes its modeling module's rotary function process-wide until restore(); a test
+    # that leaves the model optimized must not hand the next test its router
+    from metal_accel.library import rotary
+    rotary.detach_all()
 
 
 # `import metal_accel` patched the classes of whatever caches this machine has; tests start clean

@@ -219,6 +219,17 @@ def detach(model: nn.Module) -> None:
             setattr(module, FUNCTION, fn)  # (not where someone else has put another function there since)
 
 
+def detach_all() -> None:
+    """Put every routed function back, whichever models still use it (tests, a process shutting the library off)."""
+    for name, fn in list(_originals.items()):
+        module = sys.modules.get(name.rpartition(".")[0])
+        if module is not None and getattr(module, FUNCTION, None) is _routers.get(name):
+            setattr(module, FUNCTION, fn)
+    _originals.clear()
+    _routers.clear()
+    _users.clear()
+
+
 DECISION = "rotary decision: "  # the prefix of explain()'s notes about signatures decided since optimize()
 
 
