@@ -144,3 +144,25 @@ def test_special_values_eager_got_wrong_pass_where_float64_agrees():
     worse[2] = float("nan")  # a NaN where eager and float64 agree on a number
     with pytest.raises(Mismatch, match="does not side with the candidate"):
         compare_output(worse, eager, "o", exact)
+
+
+def test_disputed_special_values_are_judged_as_finite_elements_are():
+    # eager's bf16 GEMM summed one row in an order that met Inf - Inf (NaN); the candidate's float32 sum of
+    # terms that cancel (+-8.5e37 * w) kept the row finite but lost the small terms between them, as any
+    # float32 sum does: within atol of the exact value at the output's scale, as a finite element would be
+    exact = torch.tensor([-1e-30, 3.0e36, -2.0e36, 5.0e35], dtype=torch.float64)
+    eager = torch.full((4,), float("nan"), dtype=torch.bfloat16)
+    candidate = torch.tensor([-0.14, 3.0e36, -2.0e36, 5.0e35], dtype=torch.bfloat16)
+    compare_output(candidate, eager, "o", exact)
+    off = candidate.clone()
+    off[1] = 3.3e36  # 10% off an element that sets the scale
+    with pytest.raises(Mismatch, match="does not side with the candidate at 1 of 4"):
+        compare_output(off, eager, "o", exact)
+
+
+def test_a_candidate_inf_passes_where_the_exact_value_overflows_the_dtype():
+    exact = torch.tensor([4.0e38, 1.0, -5.0e38, 2.0], dtype=torch.float64)  # beyond float32's 3.4e38
+    eager = torch.tensor([float("nan"), 1.0, float("nan"), 2.0])
+    compare_output(torch.tensor([float("inf"), 1.0, float("-inf"), 2.0]), eager, "o", exact)
+    with pytest.raises(Mismatch, match="does not side"):  # the wrong sign
+        compare_output(torch.tensor([float("-inf"), 1.0, float("-inf"), 2.0]), eager, "o", exact)

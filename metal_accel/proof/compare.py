@@ -169,10 +169,11 @@ def _both_finite(o: torch.Tensor, r: torch.Tensor, s: int, e: int) -> torch.Tens
 def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str, x: torch.Tensor | None,
                           tol: Tolerance) -> tuple[float, bool]:
     """Raise unless NaN and Inf sit at the same places (Infs of the same sign), or, with the float64
-    reference X, differ only where X has the candidate's value (NaN, the same Inf, or a finite value within
-    rtol): eager's float32 arithmetic broke down there (an intermediate overflowed), the candidate's did not.
+    reference X, differ only where X has the candidate's value (_sides_with): eager's float32 arithmetic broke
+    down there (an intermediate overflowed, or another summation order met Inf - Inf), the candidate's did not.
     Return the mean |eager| over elements finite in both (the scale of atol) and whether any are not."""
     total, count, special = 0.0, 0, False
+    x_scale: float | None = None
     for s, e in _spans(r):
         oc, rc = o[s:e], r[s:e]
         nan_o, nan_r = torch.isnan(oc), torch.isnan(rc)
@@ -185,9 +186,9 @@ def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str, x: torch
                       else f"{_count(torch.isinf, o)} vs eager {_count(torch.isinf, r)}")
             if x is None:
                 raise Mismatch(f"{where}: {what} differ ({counts})")
-            od, xd = oc[disputed].double(), x[s:e][disputed]
-            exact = (torch.isnan(od) & torch.isnan(xd)) | (torch.isinf(od) & (od == xd)) | (
-                torch.isfinite(od) & torch.isfinite(xd) & ((od - xd).abs() <= tol.rtol * xd.abs()))
+            if x_scale is None:
+                x_scale = _finite_mean_abs(x)
+            exact = _sides_with(oc[disputed], x[s:e][disputed], tol, x_scale)
             if not bool(exact.all()):
                 raise Mismatch(f"{where}: {what} differ ({counts}), and the float64 reference does not side "
                                f"with the candidate at {int((~exact).sum())} of {int(disputed.sum())} of them")
@@ -200,6 +201,26 @@ def _check_special_values(o: torch.Tensor, r: torch.Tensor, where: str, x: torch
             total += rc[finite].double().abs().sum().item()
             count += int(finite.sum())
     return (total / count if count else 0.0), special
+
+
+def _sides_with(o: torch.Tensor, x: torch.Tensor, tol: Tolerance, x_scale: float) -> torch.Tensor:
+    """Where candidate values O have the float64 reference X's value: both NaN, the Inf that X rounds to
+    in O's dtype (an exact value beyond the dtype's range overflows), or finite and within tolerance of X
+    with atol scaled by X_SCALE, as finite elements are judged (_exact_rule): a dot product whose large
+    terms cancel is as exact as its float32 sum can be, not to the last ulp of the exact value."""
+    od, rounded = o.double(), x.to(o.dtype).double()
+    return (torch.isnan(od) & torch.isnan(x)) | (torch.isinf(od) & (od == rounded)) | (
+        torch.isfinite(od) & torch.isfinite(x) & ((od - x).abs() <= _allowed(x, tol, x_scale)))
+
+
+def _finite_mean_abs(x: torch.Tensor) -> float:
+    """Mean |X| over X's finite elements (0 when none), a chunk at a time."""
+    total, count = 0.0, 0
+    for s, e in _spans(x):
+        finite = torch.isfinite(x[s:e])
+        total += x[s:e][finite].abs().sum().item()
+        count += int(finite.sum())
+    return total / count if count else 0.0
 
 
 def _compile_rule(o: torch.Tensor, r: torch.Tensor, x: torch.Tensor | None, where: str, any_special: bool,
