@@ -9,7 +9,7 @@ namespace metal {
 
 enum memory_order { memory_order_relaxed = 0, memory_order_acquire = 2, memory_order_release = 3,
                     memory_order_acq_rel = 4, memory_order_seq_cst = 5 };
-enum class thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+enum thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
 
 template <class T> struct atomic {
   T __v;  // same size and layout as T, so a buffer of T can be viewed as a buffer of atomic<T>

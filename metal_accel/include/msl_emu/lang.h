@@ -168,16 +168,20 @@ template <bool Up> struct ShuffleFill {
   }
 };
 }  // namespace ma_simd
+// the call site of the fill shuffles: a type of its own, which no int argument converts to (an int `site_` would
+// take a modulo given as int as the site, and make a uint modulo ambiguous); delta and modulo are ushort in Metal
+struct ma_fill_site { int line; explicit ma_fill_site(int l) : line(l) {} };
 #define MA_FILL(name, up)                                                                          \
   template <class T> inline T name(const T& data, const T& filling, ushort delta, ushort modulo,   \
-                                   int site_ = __builtin_LINE()) {                                 \
+                                   ma_fill_site site_ = ma_fill_site(__builtin_LINE())) {          \
     using V = std::conditional_t<is_vec_v<T>, vec<elem_t<T>, vlen_v<T>>, T>;                       \
     using P = ma_simd::FillPair<V>;                                                                \
     P p = ma_simd::collective<P, ma_simd::ShuffleFill<up>>(P{V(data), V(filling)},                 \
-                                                             int64_t(delta) | int64_t(modulo) << 16, site_); \
+                                                             int64_t(delta) | int64_t(modulo) << 16, site_.line); \
     return T(p.data);                                                                              \
   }                                                                                                \
-  template <class T> inline T name(const T& data, const T& filling, ushort delta, int site_ = __builtin_LINE()) { \
+  template <class T> inline T name(const T& data, const T& filling, ushort delta,                  \
+                                   ma_fill_site site_ = ma_fill_site(__builtin_LINE())) {          \
     return name(data, filling, delta, ushort(32), site_);                                          \
   }
 MA_FILL(simd_shuffle_and_fill_down, false)

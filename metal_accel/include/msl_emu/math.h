@@ -10,6 +10,26 @@ namespace metal {
 #define MA_FP_VEC(V) template <class V, std::enable_if_t<is_vec_v<V> && is_fp_v<elem_t<V>>, int> = 0>
 
 // ---------------------------------------------------------------- unary floating functions
+// sin(pi x) with the argument reduced exactly (x - 2k and 1 - r are exact in double for any float or half x):
+// multiplying by pi first would round away the period of large arguments; integers give zeros of x's sign
+inline double ma_sinpi(double x) {
+  if (!std::isfinite(x)) return std::numeric_limits<double>::quiet_NaN();
+  double r = std::fmod(x, 2.0);
+  if (r > 1) r -= 2; else if (r < -1) r += 2;
+  if (r > 0.5) r = 1 - r; else if (r < -0.5) r = -1 - r;
+  return r == 0 ? std::copysign(0.0, x) : std::sin(3.14159265358979323846 * r);
+}
+inline double ma_cospi(double x) {  // cos(pi x) = sin(pi (|x| + 1/2)), exact in double; +0 at half-integers
+  if (!std::isfinite(x)) return std::numeric_limits<double>::quiet_NaN();
+  double s = ma_sinpi(std::fabs(x) + 0.5);
+  return s == 0 ? 0.0 : s;
+}
+// the largest value of T below 1 (fract's bound: x - floor(x) of a tiny negative x rounds up to 1 otherwise)
+template <class T> constexpr double ma_below_one() {
+  constexpr int digits = sizeof(T) >= 8 ? 53 : (sizeof(T) == 4 ? 24 : (std::is_same<std::remove_cv_t<T>, bfloat>::value ? 8 : 11));
+  double e = 1; for (int i = 0; i < digits; ++i) e /= 2;
+  return 1 - e;
+}
 #define MA_F1(name, ...)                                                                         \
   MA_FP_SCALAR(T) inline T name(T x_) { using C = fcalc_t<T>; C x = C(x_); (void)x; return T(__VA_ARGS__); } \
   MA_FP_VEC(V) inline vec<elem_t<V>, vlen_v<V>> name(const V& v) {                                \
@@ -24,11 +44,11 @@ MA_F1(sin, std::sin(x)) MA_F1(cos, std::cos(x)) MA_F1(tan, std::tan(x))
 MA_F1(asin, std::asin(x)) MA_F1(acos, std::acos(x)) MA_F1(atan, std::atan(x))
 MA_F1(sinh, std::sinh(x)) MA_F1(cosh, std::cosh(x)) MA_F1(tanh, std::tanh(x))
 MA_F1(asinh, std::asinh(x)) MA_F1(acosh, std::acosh(x)) MA_F1(atanh, std::atanh(x))
-MA_F1(sinpi, std::sin(x * C(3.14159265358979323846))) MA_F1(cospi, std::cos(x * C(3.14159265358979323846)))
-MA_F1(tanpi, std::tan(x * C(3.14159265358979323846)))
+MA_F1(sinpi, C(ma_sinpi(double(x)))) MA_F1(cospi, C(ma_cospi(double(x))))
+MA_F1(tanpi, C(ma_sinpi(double(x)) / ma_cospi(double(x))))
 MA_F1(floor, std::floor(x)) MA_F1(ceil, std::ceil(x)) MA_F1(round, std::round(x))
 MA_F1(rint, std::nearbyint(x)) MA_F1(trunc, std::trunc(x)) MA_F1(fabs, std::fabs(x))
-MA_F1(fract, std::fmin(x - std::floor(x), C(1) - std::numeric_limits<C>::epsilon() / 2))
+MA_F1(fract, std::fmin(x - std::floor(x), C(ma_below_one<T>())))
 MA_F1(recip, C(1) / x)
 MA_F1(saturate, std::fmin(std::fmax(x, C(0)), C(1)))
 MA_F1(sign, x > C(0) ? C(1) : (x < C(0) ? C(-1) : (x == C(0) ? x : C(0))))
@@ -171,6 +191,10 @@ template <class A, class B, class C> inline auto faceforward(const A& n, const B
 }
 
 // ---------------------------------------------------------------- integer functions
+template <class T> inline T ma_saturate(__int128 v) {
+  return v > __int128(std::numeric_limits<T>::max()) ? std::numeric_limits<T>::max()
+       : (v < __int128(std::numeric_limits<T>::min()) ? std::numeric_limits<T>::min() : T(v));
+}
 #define MA_I1(name, ...)                                                                         \
   template <class A, std::enable_if_t<is_operand_v<A> && is_int_v<calc_t<A>>, int> = 0>           \
   inline auto name(const A& a) {                                                                  \
@@ -186,19 +210,46 @@ MA_I1(reverse_bits, [&] { U r = 0; for (unsigned i = 0; i < sizeof(T) * 8; ++i) 
   template <class A, class B, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_int_v<calc_t<A, B>>, int> = 0> \
   inline auto name(const A& a, const B& b) {                                                      \
     using T = calc_t<A, B>;                                                                       \
-    return ma_map([](T x, T y) -> T { using W = std::conditional_t<std::is_signed<T>::value, __int128, unsigned __int128>; (void)sizeof(W); return T(__VA_ARGS__); }, a, b); \
+    return ma_map([](T x, T y) -> T { using W = std::conditional_t<std::is_signed<T>::value, __int128, unsigned __int128>; \
+                                      using S = __int128; (void)sizeof(W); (void)sizeof(S); return T(__VA_ARGS__); }, a, b); \
   }
-MA_I2(absdiff, x > y ? x - y : y - x)
-MA_I2(addsat, W(x) + W(y) > W(std::numeric_limits<T>::max()) ? std::numeric_limits<T>::max()
-              : (W(x) + W(y) < W(std::numeric_limits<T>::min()) ? std::numeric_limits<T>::min() : T(x + y)))
-MA_I2(subsat, W(x) - W(y) > W(std::numeric_limits<T>::max()) ? std::numeric_limits<T>::max()
-              : (W(x) - W(y) < W(std::numeric_limits<T>::min()) ? std::numeric_limits<T>::min() : T(x - y)))
+// T f(T, T) in T itself (uchar + uchar saturates at 255, not in int); sums and differences in a signed
+// 128-bit type, where no value of a 64-bit T wraps
+MA_I2(addsat, ma_saturate<T>(S(x) + S(y)))
+MA_I2(subsat, ma_saturate<T>(S(x) - S(y)))
 MA_I2(hadd, (W(x) + W(y)) >> 1) MA_I2(rhadd, (W(x) + W(y) + 1) >> 1)
 MA_I2(mulhi, (W(x) * W(y)) >> (sizeof(T) * 8))
 MA_I2(mul24, x * y)
 MA_I2(rotate, [&] { using U = std::make_unsigned_t<T>; unsigned n = sizeof(T) * 8, s = unsigned(y) % n;
                     U u = U(x); return T(s ? U(u << s | u >> (n - s)) : u); }())
 #undef MA_I2
+// absdiff returns the unsigned type of its arguments (|INT_MIN - INT_MAX| is 0xFFFFFFFF)
+template <class A, class B, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_int_v<calc_t<A, B>>, int> = 0>
+inline auto absdiff(const A& a, const B& b) {
+  using T = calc_t<A, B>; using U = std::make_unsigned_t<T>;
+  return ma_map([](T x, T y) -> U { return x > y ? U(U(x) - U(y)) : U(U(y) - U(x)); }, a, b);
+}
+// madhi(a, b, c) = mulhi(a, b) + c; madsat(a, b, c) = a * b + c, saturated to T
+template <class A, class B, class D, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_operand_v<D> && is_int_v<calc_t<A, B, D>>, int> = 0>
+inline auto madhi(const A& a, const B& b, const D& c) {
+  using T = calc_t<A, B, D>;
+  return ma_map([](T x, T y, T z) -> T { return T(mulhi(x, y) + z); }, a, b, c);
+}
+template <class A, class B, class D, std::enable_if_t<is_operand_v<A> && is_operand_v<B> && is_operand_v<D> && is_int_v<calc_t<A, B, D>>, int> = 0>
+inline auto madsat(const A& a, const B& b, const D& c) {
+  using T = calc_t<A, B, D>;
+  return ma_map([](T x, T y, T z) -> T {
+    using W = std::conditional_t<std::is_signed<T>::value, __int128, unsigned __int128>;
+    if constexpr (sizeof(T) < 8) return ma_saturate<T>(__int128(x) * __int128(y) + __int128(z));
+    else {  // a 64-bit product may not fit 128 bits with its sign: saturate the product first
+      W p; bool over = __builtin_mul_overflow(W(x), W(y), &p);
+      __int128 lo = __int128(std::numeric_limits<T>::min()), hi = __int128(std::numeric_limits<T>::max());
+      if (!over && __int128(p) >= lo && __int128(p) <= hi) return ma_saturate<T>(__int128(p) + __int128(z));
+      bool negative = std::is_signed<T>::value && ((x < 0) != (y < 0));
+      return negative ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
+    }
+  }, a, b, c);
+}
 template <class A, class B, class C> inline auto mad24(const A& a, const B& b, const C& c) { return a * b + c; }
 template <class T, std::enable_if_t<is_int_v<T>, int> = 0> inline T extract_bits(T x, uint offset, uint bits) {
   using U = std::make_unsigned_t<T>; constexpr uint n = sizeof(T) * 8;

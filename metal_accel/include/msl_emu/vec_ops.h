@@ -69,8 +69,9 @@ template <class F, class... A> inline auto ma_map(F f, const A&... a) {
 // the type in which an operation on these operands is computed: the first vector operand's element
 // type, else the common type of the scalars
 template <bool HasVec, class... A> struct calc_type { using type = typename first_vec_elem<A...>::type; };
-template <class... A> struct calc_type<false, A...> {
-  using type = std::decay_t<decltype((std::declval<A>() + ...))>;
+template <class A0, class... A> struct calc_type<false, A0, A...> {  // scalars of one type: that type (no promotion)
+  using type = std::conditional_t<(std::is_same<A0, A>::value && ...), A0,
+                                  std::decay_t<decltype((std::declval<A0>() + ... + std::declval<A>()))>>;
 };
 template <class... A> using calc_t =
     typename calc_type<(is_vec_v<A> || ...), std::remove_cv_t<std::remove_reference_t<A>>...>::type;
