@@ -408,3 +408,31 @@ def test_gpu_kernel_of_a_structured_call_gets_its_tuples_tensors_on_the_gpu_in_t
     with torch.inference_mode():
         torch.testing.assert_close(model(x, cos, sin), ref)
     metal_accel.restore(model)
+
+
+def test_nested_tensors_are_never_keyed_and_keep_their_calls_eager():
+    nested = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)])
+    with pytest.raises(UnsupportedCall, match="nested tensor"):
+        InputSpec.of((nested,), {})
+    first, second = call_signature((nested,), {}), call_signature((nested,), {})
+    assert first == second and first != call_signature((torch.nested.nested_tensor([torch.randn(3, 4)]),), {})
+
+
+def test_a_transformer_encoder_whose_fast_path_makes_nested_tensors_is_optimized_and_stays_exact():
+    # torch's TransformerEncoder, in eval mode with a padding mask, turns its activations into a nested tensor
+    # that its layers receive: capture and every dispatcher must take them (they raised on .shape)
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    x = torch.randn(2, 12, 32)
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[:, -4:] = True
+    with torch.inference_mode():
+        want = model(x, src_key_padding_mask=mask)
+    metal_accel.optimize(model, (x,), {"src_key_padding_mask": mask}, progress=False)
+    with torch.inference_mode():
+        got = model(x, src_key_padding_mask=mask)
+        unmasked = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    with torch.inference_mode(), metal_accel.eager():
+        torch.testing.assert_close(unmasked, model(x), rtol=1e-5, atol=1e-5)

@@ -56,6 +56,9 @@ class TensorSpec:
 
     @classmethod
     def of(cls, t: torch.Tensor) -> "TensorSpec":
+        if t.is_nested or t.layout is not torch.strided:  # torch's fast paths make nested tensors of padded batches
+            raise UnsupportedCall(f"a {'nested' if t.is_nested else str(t.layout).replace('torch.', '')} tensor has "
+                                  "no one shape and strides for a kernel")
         value_range = None
         if not t.is_floating_point() and not t.is_complex() and t.numel() and t.device.type != "meta":
             value_range = (int(t.min()), int(t.max()))
@@ -285,7 +288,10 @@ def _runtime_signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):  # torch.Size hashes and compares equal to the tuple
         # is_cpu / is_cuda first: `value.device` builds a torch.device object (a quarter microsecond)
         kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
-        return (value.shape, value.stride(), value.dtype, kind)
+        try:
+            return (value.shape, value.stride(), value.dtype, kind)
+        except RuntimeError:  # a nested or sparse tensor: a signature no kernel is keyed on
+            return ("unkeyed", id(value))
     cls = type(value)
     if cls in _SCALAR_TYPES:
         return ("s", value)

@@ -141,7 +141,7 @@ class Dispatcher:
         if self.resolver is None:  # the common misses, decided without a full signature
             shapes = self._first_shapes
             if len(args) + len(kwargs) not in self._arities or (
-                    shapes is not None and args and type(args[0]) is torch.Tensor and args[0].shape not in shapes):
+                    shapes is not None and args and type(args[0]) is torch.Tensor and _shape(args[0]) not in shapes):
                 self._count("misses")
                 return self.original(*args, **kwargs)
         if self.in_training():
@@ -178,6 +178,14 @@ class Dispatcher:
         # forward as a constant, so a counter bumped in the graph would recompile the graph on every call
         if not _is_compiling():
             setattr(self, counter, getattr(self, counter) + 1)
+
+
+def _shape(t: torch.Tensor) -> Any:
+    """T's shape; None for a nested tensor, which has none (torch's fast paths make them of padded batches)."""
+    try:
+        return t.shape
+    except RuntimeError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
