@@ -114,3 +114,35 @@ def test_thread_scope_enumerators_are_unscoped_as_in_metal():
     x, out = torch.randn(40), torch.zeros(40)
     lib.k(x, out, threads=40)
     assert torch.equal(out, x)
+
+
+def test_program_scope_constant_vectors_matrices_and_structs_of_them():
+    # constant data of vector or matrix type is initialized at compile time, as in Metal (vector and matrix
+    # constructors of constants are constant expressions); the emulator's vectors once needed a dynamic
+    # initializer, which the binary check refuses, so such a source did not load
+    lib = MpsEmuBackend().compile(HEAD + """
+constant float4 kCtor = float4(0.25f, 0.5f, 1.0f, 2.0f);
+constant float4 kBraces = { 0.25f, 0.5f, 1.0f, 2.0f };
+constexpr constant float3 kLuma = float3(0.299f, 0.587f, 0.114f);
+constant short2 kPairs[2] = { short2(1, 2), short2(3, 4) };
+constant float2x2 kRot = float2x2(0.0f, 1.0f, -1.0f, 0.0f);
+constant half4 kHalf = half4(1.5h);
+constant bfloat2 kBf = bfloat2(0.5f, -2.0f);
+struct Coeffs { float2 scale; int n; };
+constant Coeffs kCoeffs = { float2(0.5f, 4.0f), 3 };
+kernel void k(device const float4* x [[buffer(0)]], device float* o [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  constexpr float2 local = float2(0.125f, 8.0f);
+  float4 v = x[i];
+  float2 r = kRot * v.xy;
+  o[i] = dot(v, kCtor) + dot(v, kBraces) + dot(v.xyz, kLuma) + float(kPairs[1].y) * v.w + r.x + r.y
+       + float(kHalf.z) + float(kBf.y) + kCoeffs.scale.y * float(kCoeffs.n) + local.x * local.y;
+}
+""")
+    x = torch.randn(37, 4)
+    out = torch.empty(37)
+    lib.k(x, out, threads=37)
+    c = torch.tensor([0.25, 0.5, 1.0, 2.0])
+    rot = x[:, 1] * -1.0 + x[:, 0] * 1.0  # float2x2(columns (0, 1), (-1, 0)) * (x, y) = (-y, x)
+    want = (2 * (x @ c) + x[:, :3] @ torch.tensor([0.299, 0.587, 0.114]) + 4 * x[:, 3] + rot
+            + 1.5 - 2.0 + 12.0 + 1.0)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

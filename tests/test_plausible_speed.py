@@ -33,8 +33,9 @@ def test_what_counts_as_implausible():
 
 
 def test_a_huge_win_from_a_stalled_eager_is_timed_again_and_the_lower_figure_kept():
-    # first measurement: eager stalled (40 ms against a 1 ms kernel); second: the real 1.5x
-    timer = scripted([0.04] * 30 + [0.0015] * 30)
+    # first measurement: eager stalled (40 ms against a 1 ms kernel; a call this slow for the budget stops at 8
+    # pairs, a clear win); second: the real 1.5x
+    timer = scripted([0.04] * 8 + [0.0015] * 30)
     res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, min_reps=30, max_reps=30,
                         budget_s=0.0, warmup=0, retry_pause_s=0.0)
     assert res.accepted and abs(res.speedup - 1.5) < 1e-6, res
@@ -88,3 +89,34 @@ def test_a_clear_loss_stops_timing_early_and_a_close_call_does_not():
         return (next(times) if fn.__name__ == "eager" else 0.0025), None
     res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=mixed, **gate)
     assert not res.accepted and res.reps >= 16 and "not faster" in res.reason, res
+
+
+def test_a_clear_win_of_a_slow_call_stops_timing_early_and_a_close_call_does_not():
+    calls = []
+
+    def timer(fn, args, kwargs, sync):
+        calls.append(fn.__name__)
+        return (0.003 if fn.__name__ == "eager" else 0.002), None  # the kernel at 1.5x, every pair
+    gate = dict(min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, **gate)
+    assert res.accepted and res.reps == 8 and abs(res.speedup - 1.5) < 1e-9, res
+    assert "timing stopped early" in res.reason and len(calls) == 16, res.reason
+    # a fast call (its 30 pairs fit the budget) is timed in full
+    calls.clear()
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, **{**gate, "budget_s": 1e9})
+    assert res.accepted and res.reps == 30 and "stopped early" not in res.reason and len(calls) == 60, res
+    # one pair in eight loses: no early verdict at 8 pairs, timing goes on (and still accepts on all its pairs)
+    times = iter([0.001 if i % 8 == 5 else 0.003 for i in range(400)])
+
+    def mixed(fn, args, kwargs, sync):
+        return (next(times) if fn.__name__ == "eager" else 0.002), None
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=mixed, **gate)
+    assert res.accepted and res.reps > 8, res
+    # every input set is still checked before an early verdict is kept
+    checked = set()
+
+    def check(out, ref, label, which):
+        checked.add(which)
+    res = compare_speed(named("eager"), named("kernel"), [((), {})] * 5, timer=timer, check=check, check_every=1000,
+                        **gate)
+    assert res.accepted and checked == set(range(5)), (res, checked)

@@ -88,16 +88,16 @@ template <class T, size_t N> using array_ref_t = array<T, N>;
 template <class T, int C, int R> struct matrix {
   vec<T, R> columns[C];
   matrix() = default;
-  explicit matrix(T diag) { for (int c = 0; c < C; ++c) { columns[c] = vec<T, R>(T(0)); if (c < R) columns[c][c] = diag; } }
+  constexpr explicit matrix(T diag) : columns{} { for (int c = 0; c < C; ++c) { columns[c] = vec<T, R>(T(0)); if (c < R) columns[c][c] = diag; } }
   template <class... V, std::enable_if_t<sizeof...(V) == C && (is_vec_v<V> && ...), int> = 0>
-  matrix(const V&... cols) { int i = 0; ((columns[i++] = vec<T, R>(as_vec(cols))), ...); }
+  constexpr matrix(const V&... cols) : columns{} { int i = 0; ((columns[i++] = vec<T, R>(as_vec(cols))), ...); }
   template <class... S, std::enable_if_t<sizeof...(S) == C * R && C * R != C && (is_scalar_v<S> && ...), int> = 0>
-  matrix(const S&... s) { T v[] = {T(s)...}; for (int i = 0; i < C * R; ++i) columns[i / R][i % R] = v[i]; }
-  template <class U> explicit matrix(const matrix<U, C, R>& o) {
+  constexpr matrix(const S&... s) : columns{} { T v[] = {T(s)...}; for (int i = 0; i < C * R; ++i) columns[i / R][i % R] = v[i]; }
+  template <class U> constexpr explicit matrix(const matrix<U, C, R>& o) : columns{} {
     for (int c = 0; c < C; ++c) for (int r = 0; r < R; ++r) columns[c][r] = T(o.columns[c][r]);
   }
-  vec<T, R>& operator[](int c) { return columns[c]; }
-  const vec<T, R>& operator[](int c) const { return columns[c]; }
+  constexpr vec<T, R>& operator[](int c) { return columns[c]; }
+  constexpr const vec<T, R>& operator[](int c) const { return columns[c]; }
   matrix& operator+=(const matrix& o) { return *this = *this + o; }
   matrix& operator-=(const matrix& o) { return *this = *this - o; }
   template <class X> matrix& operator*=(const X& o) { return *this = *this * o; }

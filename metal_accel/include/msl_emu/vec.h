@@ -69,30 +69,30 @@ template <class T, int S, int... I> struct swz {
   using value_type = T;                                                                           \
   vec() = default;                                                                                \
   vec(const vec&) = default;                                                                      \
-  vec& operator=(const vec& o) { for (int i = 0; i < N; ++i) d[i] = o.d[i]; return *this; }     \
+  constexpr vec& operator=(const vec& o) { for (int i = 0; i < N; ++i) d[i] = o.d[i]; return *this; } \
   template <class S_, std::enable_if_t<is_scalar_v<S_>, int> = 0>                                 \
-  vec(S_ s) { for (int i = 0; i < N; ++i) d[i] = T(s); }                                         \
+  constexpr vec(S_ s) : d{} { for (int i = 0; i < N; ++i) d[i] = T(s); }                         \
   template <class U, std::enable_if_t<!std::is_same<U, T>::value, int> = 0>                       \
-  explicit vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) d[i] = T(o.d[i]); }              \
-  vec(const packed_vec<T, N>& o) { for (int i = 0; i < N; ++i) d[i] = o.d[i]; }                   \
+  constexpr explicit vec(const vec<U, N>& o) : d{} { for (int i = 0; i < N; ++i) d[i] = T(o.d[i]); } \
+  constexpr vec(const packed_vec<T, N>& o) : d{} { for (int i = 0; i < N; ++i) d[i] = o.d[i]; }   \
   template <class A0, class A1, class... As,                                                      \
             std::enable_if_t<(ncomp_v<A0> + ncomp_v<A1> + (0 + ... + ncomp_v<As>)) == N, int> = 0> \
-  vec(const A0& a0, const A1& a1, const As&... as) {                                              \
+  constexpr vec(const A0& a0, const A1& a1, const As&... as) : d{} {                              \
     int k = 0; put(k, a0); put(k, a1); (put(k, as), ...);                                         \
   }                                                                                               \
   /* brace initialization with fewer scalars than components ({1, 2, 3} for a uint4): the rest are 0 */  \
   template <class A0, class A1, class... As,                                                      \
             std::enable_if_t<(2 + sizeof...(As)) < N && is_scalar_v<A0> && is_scalar_v<A1> &&      \
                              (true && ... && is_scalar_v<As>), int> = 0>                           \
-  vec(const A0& a0, const A1& a1, const As&... as) {                                              \
+  constexpr vec(const A0& a0, const A1& a1, const As&... as) : d{} {                              \
     int k = 0; put(k, a0); put(k, a1); (put(k, as), ...); while (k < N) d[k++] = T(0);            \
   }                                                                                               \
-  template <class X> void put(int& k, const X& x) {                                               \
+  template <class X> constexpr void put(int& k, const X& x) {                                     \
     if constexpr (is_vec_v<X>) { for (int i = 0; i < vlen_v<X>; ++i) d[k++] = T(x[i]); }         \
     else d[k++] = T(x);                                                                           \
   }                                                                                               \
-  T& operator[](int i) { return d[i]; }                                                           \
-  const T& operator[](int i) const { return d[i]; }                                               \
+  constexpr T& operator[](int i) { return d[i]; }                                                 \
+  constexpr const T& operator[](int i) const { return d[i]; }                                     \
   template <class X> vec& operator+=(const X& o) { return *this = *this + o; }                    \
   template <class X> vec& operator-=(const X& o) { return *this = *this - o; }                    \
   template <class X> vec& operator*=(const X& o) { return *this = *this * o; }                    \
@@ -145,12 +145,12 @@ template <class T> struct alignas(4 * sizeof(T)) vec<T, 4> {
 // ---------------------------------------------------------------- packed vectors (no padding, scalar alignment)
 #define MA_PACKED_COMMON(N)                                                                       \
   packed_vec() = default;                                                                         \
-  packed_vec(const vec<T, N>& v) { for (int i = 0; i < N; ++i) d[i] = v.d[i]; }                   \
+  constexpr packed_vec(const vec<T, N>& v) : d{} { for (int i = 0; i < N; ++i) d[i] = v.d[i]; }   \
   template <class S_, std::enable_if_t<is_scalar_v<S_>, int> = 0>                                 \
-  packed_vec(S_ s) { for (int i = 0; i < N; ++i) d[i] = T(s); }                                  \
+  constexpr packed_vec(S_ s) : d{} { for (int i = 0; i < N; ++i) d[i] = T(s); }                  \
   template <class A0, class A1, class... As,                                                      \
             std::enable_if_t<(ncomp_v<A0> + ncomp_v<A1> + (0 + ... + ncomp_v<As>)) == N, int> = 0> \
-  packed_vec(const A0& a0, const A1& a1, const As&... as) { *this = vec<T, N>(a0, a1, as...); }   \
+  constexpr packed_vec(const A0& a0, const A1& a1, const As&... as) : packed_vec(vec<T, N>(a0, a1, as...)) {} \
   operator vec<T, N>() const { vec<T, N> v; for (int i = 0; i < N; ++i) v.d[i] = d[i]; return v; } \
   T& operator[](int i) { return d[i]; }                                                           \
   const T& operator[](int i) const { return d[i]; }                                               \
@@ -165,8 +165,8 @@ template <class T> struct packed_vec<T, 4> { union { T d[4]; struct { T x, y, z,
 #pragma GCC diagnostic pop
 
 // the vector value of a vector-like operand
-template <class X> inline vec<elem_t<X>, vlen_v<X>> as_vec(const X& x) {
-  vec<elem_t<X>, vlen_v<X>> v; for (int i = 0; i < vlen_v<X>; ++i) v.d[i] = x[i]; return v;
+template <class X> constexpr vec<elem_t<X>, vlen_v<X>> as_vec(const X& x) {
+  vec<elem_t<X>, vlen_v<X>> v{}; for (int i = 0; i < vlen_v<X>; ++i) v.d[i] = x[i]; return v;
 }
 
 // ---------------------------------------------------------------- type names
