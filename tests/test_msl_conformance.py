@@ -216,3 +216,31 @@ kernel void k(device float* o [[buffer(0)]], uint t [[thread_position_in_grid]])
     out = torch.empty(6)
     MpsEmuBackend().compile(src).k(out, threads=1)
     assert torch.equal(out, torch.arange(6.0))
+
+
+@pytest.mark.slow
+def test_free_function_overloads_by_address_space_only_are_one_function():
+    # Metal: the address space is part of the type, so these are two overloads; the emulator has one address
+    # space and keeps the first (their bodies agree but for address spaces)
+    lib = MpsEmuBackend().compile(HEAD + """
+METAL_FUNC float ld(device const float* p, uint i) { return p[i]; }
+METAL_FUNC float ld(threadgroup const float* p, uint i) { return p[i]; }
+METAL_FUNC float twice(device const float& v) { return 2.0f * v; }
+METAL_FUNC float twice(thread const float& v) { return 2.0f * v; }
+kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]],
+              uint i [[thread_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[32];
+  tile[lid] = x[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float t = x[i];
+  o[i] = ld(x, i) + ld(tile, lid) + twice(x[i]) + twice(t);
+}
+""")
+    x, out = torch.randn(64), torch.zeros(64)
+    lib.k(x, out, threads=64, group_size=32)
+    torch.testing.assert_close(out, 6 * x)
+    with pytest.raises(CompileError, match="address space only, with another body"):
+        MpsEmuBackend().compile(HEAD + "METAL_FUNC float f(device const float* p) { return p[0]; }\n"
+                                "METAL_FUNC float f(threadgroup const float* p) { return p[1]; }\n"
+                                "kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]], "
+                                "uint i [[thread_position_in_grid]]) { o[i] = f(x); }\n")

@@ -124,6 +124,49 @@ def fix_member_qualifiers(tk: Tokens) -> None:
                 tk.set(x, "")
 
 
+def _namespace_scope(tk: Tokens, p: int) -> bool:
+    """Whether sig position P is at file or namespace scope."""
+    o = tk.opener[p]
+    return o == -1 or (tk.t(o) == "{" and "namespace" in (tk.t(o - 1), tk.t(o - 2)))
+
+
+def _without_address_spaces(tk: Tokens, lo: int, hi: int) -> str:
+    """Sig positions LO..HI as text, as the translation will have them: address spaces gone, `constant` a const."""
+    words: list[str] = []
+    for x in range(lo, hi + 1):
+        t = tk.t(x)
+        t = "const" if t == "constant" else t
+        if t and t not in ADDRESS_SPACES and not (t == "const" and words and words[-1] == "const"):
+            words.append(t)
+    return " ".join(words)
+
+
+def fix_free_function_overloads(tk: Tokens) -> None:
+    """Of free functions that differ only in the address spaces of their parameters (distinct overloads in Metal,
+    one function here: the emulator has one address space), keep the first. Their bodies must be the same but
+    for address spaces, else a CompileError: which one a call means would be lost."""
+    seen: dict[tuple[int, str], tuple[str, int]] = {}
+    for r in range(len(tk.sig)):
+        if tk.t(r) != ")" or r not in tk.match or tk.t(r + 1) != "{":
+            continue
+        lp = tk.match[r]
+        if tk.kind[tk.sig[lp - 1]] != "id" or not _namespace_scope(tk, lp) \
+                or not any(tk.t(x) in ADDRESS_SPACES for x in range(lp, r)):
+            continue
+        start, end = _decl_start(tk, lp), tk.match[r + 1]
+        key = (tk.opener[lp], _without_address_spaces(tk, start, r))
+        body = _without_address_spaces(tk, r + 1, end)
+        if key not in seen:
+            seen[key] = (body, tk.line(lp))
+            continue
+        first_body, first_line = seen[key]
+        if body != first_body:
+            raise CompileError(f"line {tk.line(lp)}: {tk.t(lp - 1)}() overloads the one on line {first_line} by "
+                               "address space only, with another body: the MSL emulator has one address space "
+                               "and cannot tell them apart")
+        tk.blank(start, end)
+
+
 def _class_head(tk: Tokens, o: int) -> tuple[str, bool]:
     """(name, is a template) of the class whose body opens at O."""
     r = o - 1

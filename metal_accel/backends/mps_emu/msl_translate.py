@@ -19,6 +19,7 @@ from .msl_kernels import find_kernels, host_name, int_expr, substitute
 from .msl_lang import (
     apply_function_constants,
     fix_class_scope_specializations,
+    fix_free_function_overloads,
     fix_member_qualifiers,
     move_specializations,
 )
@@ -176,6 +177,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
                     raise CompileError(f"line {tk.line(p)}: the MSL emulator does not support {UNSUPPORTED_ATTRS[name]}")
     apply_function_constants(tk, function_constants or {})
     fix_member_qualifiers(tk)
+    fix_free_function_overloads(tk)
     moves = fix_class_scope_specializations(tk)
     found = find_kernels(tk)
     if not any(k.instances or not k.template_params for k in found):
