@@ -244,3 +244,23 @@ kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]]
                                 "METAL_FUNC float f(threadgroup const float* p) { return p[1]; }\n"
                                 "kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]], "
                                 "uint i [[thread_position_in_grid]]) { o[i] = f(x); }\n")
+
+
+@pytest.mark.slow
+def test_parenthesized_array_declarators_are_declarations_not_subscripts():
+    lib = MpsEmuBackend().compile(HEAD + """
+METAL_FUNC float sum2(thread const float (&a)[2]) { return a[0] + a[1]; }
+kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]],
+              uint i [[thread_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[2][33];
+  threadgroup float (*rows)[33] = tile;
+  rows[0][lid] = 2.0f * x[i];
+  rows[1][lid] = 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float a[2] = {tile[0][lid], (*(rows + 1))[lid]};
+  o[i] = sum2(a);
+}
+""")
+    x, out = torch.randn(64), torch.zeros(64)
+    lib.k(x, out, threads=64, group_size=32)
+    torch.testing.assert_close(out, 2 * x + 1)

@@ -110,6 +110,17 @@ def _template_close(tk: Tokens, q: int) -> bool:
     return False
 
 
+def _paren_declarator(tk: Tokens, close: int) -> bool:
+    """Whether the parentheses closing at CLOSE hold the declarator of a pointer or reference to an array
+    (`(&a)`, `(*rows)`) after a type: `(*p)[i]` in an expression follows an operator, `(` or a keyword."""
+    lp = tk.match.get(close)
+    if lp is None or close - lp != 3 or tk.t(lp + 1) not in ("*", "&", "&&") or not _is_id(tk, lp + 2):
+        return False
+    before = tk.t(lp - 1)
+    return (_is_id(tk, lp - 1) and before not in _EXPR_WORDS) or before in ("*", "&") or (
+        before == ">" and _template_close(tk, lp - 1))
+
+
 def _index_edit(tk: Tokens, p: int, declarators: set[int]) -> list[Edit] | None:
     if tk.is_attr_open(p) or (tk.t(p - 1) == "[" and tk.is_attr_open(p - 1)):
         return None
@@ -122,6 +133,9 @@ def _index_edit(tk: Tokens, p: int, declarators: set[int]) -> list[Edit] | None:
         declarators.add(p)  # the next dimension of a declared array
         return None
     if not (_is_id(tk, prev) and pt not in _EXPR_WORDS) and pt not in (")", "]"):
+        return None
+    if pt == ")" and _paren_declarator(tk, prev):
+        declarators.add(p)  # `float (&a)[2]`, `threadgroup float (*rows)[33]`: an array type, not an index
         return None
     if tk.parent[p] == "":
         declarators.add(p)  # global scope: declarations only

@@ -86,6 +86,9 @@ def _rewrite_threadgroup(tk: Tokens, p: int) -> None:
         if t in ("*", "&", "&&"):
             pointer = True
         elif t in ("(", "[", "{"):
+            if t == "(" and any(tk.t(x) in ("*", "&", "&&") for x in range(q + 1, tk.match[q])):
+                pointer = True  # `threadgroup float (*rows)[33] = tile;`: a pointer to threadgroup arrays
+                break
             if t == "[" and last is not None and not names:
                 add(*last)
             q = tk.match[q]
