@@ -146,3 +146,37 @@ kernel void k(device const float4* x [[buffer(0)]], device float* o [[buffer(1)]
     want = (2 * (x @ c) + x[:, :3] @ torch.tensor([0.299, 0.587, 0.114]) + 4 * x[:, 3] + rot
             + 1.5 - 2.0 + 12.0 + 1.0)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("call, want", [
+    ("quad_shuffle_and_fill_down(a[i], -1.0f, 1)", lambda lane: -1.0 if lane % 4 == 3 else float(lane + 1)),
+    ("quad_shuffle_and_fill_up(a[i], -1.0f, 1u)", lambda lane: -1.0 if lane % 4 == 0 else float(lane - 1)),
+    ("quad_shuffle_and_fill_down(a[i], -1.0f, 1, 2)", lambda lane: -1.0 if lane % 2 == 1 else float(lane + 1)),
+])
+def test_quad_fill_shuffles_work_within_each_quad(call, want):
+    lib = MpsEmuBackend().compile(HEAD + "kernel void k(device const float* a [[buffer(0)]], device float* o "
+                                  f"[[buffer(1)]], uint i [[thread_position_in_grid]]) {{ o[i] = {call}; }}\n")
+    a, out = torch.arange(32.0), torch.zeros(32)
+    lib.k(a, out, threads=32, group_size=32)
+    assert out.tolist() == [want(lane) for lane in range(32)]
+
+
+def test_refract_follows_snells_law_and_gives_zero_on_total_reflection():
+    lib = MpsEmuBackend().compile(HEAD + "kernel void k(device const float3* i [[buffer(0)]], device const float3* n "
+                                  "[[buffer(1)]], device float3* o [[buffer(2)]], uint t [[thread_position_in_grid]]) "
+                                  "{ o[t] = refract(i[t], n[t], 0.66f); }\n")
+    inc = torch.nn.functional.normalize(torch.randn(16, 3), dim=1)
+    nrm = torch.nn.functional.normalize(torch.randn(16, 3), dim=1)
+    pad = lambda t: torch.cat([t, torch.zeros(len(t), 1)], 1).contiguous()  # float3 is 16 bytes in a buffer
+    out = torch.zeros(16, 4)
+    lib.k(pad(inc), pad(nrm), out, threads=16)
+    d = (inc * nrm).sum(1, keepdim=True).double()
+    k = 1 - 0.66 ** 2 * (1 - d * d)
+    want = torch.where(k < 0, torch.zeros(()), 0.66 * inc.double() - (0.66 * d + k.clamp(min=0).sqrt()) * nrm.double())
+    torch.testing.assert_close(out[:, :3].double(), want, rtol=1e-5, atol=1e-6)
+    out2 = torch.zeros(1, 4)  # grazing incidence from the denser side with eta > 1: total reflection
+    lib2 = MpsEmuBackend().compile(HEAD + "kernel void k(device float3* o [[buffer(0)]], uint t "
+                                   "[[thread_position_in_grid]]) { o[t] = refract(float3(0.8f, -0.6f, 0.0f), "
+                                   "float3(0.0f, 1.0f, 0.0f), 1.5f); }\n")
+    lib2.k(out2, threads=1)
+    assert out2[0, :3].tolist() == [0.0, 0.0, 0.0]

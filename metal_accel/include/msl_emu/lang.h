@@ -150,13 +150,13 @@ namespace ma_simd {
 template <class T> struct FillPair { T data, fill; };
 // lane i of each `modulo`-wide segment reads data from lane i -/+ delta of its segment, or, past the
 // segment's edge, filling_data from the lane as far from the other edge
-template <bool Up> struct ShuffleFill {
+template <bool Up, int W = 32> struct ShuffleFill {  // W: 32 for SIMD-groups, 4 for quads
   template <class P> static void run(Group* g, int base, uint32_t mask) {
     for (int l = 0; l < 32; ++l) {
       if (!(mask >> l & 1u)) continue;
       int64_t a = g->slot[base + l].arg;
       int delta = int(a & 0xffff), mod = int(a >> 16);
-      if (mod < 1 || mod > 32) mod = 32;
+      if (mod < 1 || mod > W) mod = W;
       int seg = l - l % mod, i = l % mod, s = Up ? i - delta : i + delta;
       bool fill = Up ? s < 0 : s >= mod;
       int src = seg + (fill ? (Up ? s + mod : s - mod) : s);
@@ -171,21 +171,23 @@ template <bool Up> struct ShuffleFill {
 // the call site of the fill shuffles: a type of its own, which no int argument converts to (an int `site_` would
 // take a modulo given as int as the site, and make a uint modulo ambiguous); delta and modulo are ushort in Metal
 struct ma_fill_site { int line; explicit ma_fill_site(int l) : line(l) {} };
-#define MA_FILL(name, up)                                                                          \
+#define MA_FILL(name, up, W)                                                                       \
   template <class T> inline T name(const T& data, const T& filling, ushort delta, ushort modulo,   \
                                    ma_fill_site site_ = ma_fill_site(__builtin_LINE())) {          \
     using V = std::conditional_t<is_vec_v<T>, vec<elem_t<T>, vlen_v<T>>, T>;                       \
     using P = ma_simd::FillPair<V>;                                                                \
-    P p = ma_simd::collective<P, ma_simd::ShuffleFill<up>>(P{V(data), V(filling)},                 \
+    P p = ma_simd::collective<P, ma_simd::ShuffleFill<up, W>>(P{V(data), V(filling)},              \
                                                              int64_t(delta) | int64_t(modulo) << 16, site_.line); \
     return T(p.data);                                                                              \
   }                                                                                                \
   template <class T> inline T name(const T& data, const T& filling, ushort delta,                  \
                                    ma_fill_site site_ = ma_fill_site(__builtin_LINE())) {          \
-    return name(data, filling, delta, ushort(32), site_);                                          \
+    return name(data, filling, delta, ushort(W), site_);                                           \
   }
-MA_FILL(simd_shuffle_and_fill_down, false)
-MA_FILL(simd_shuffle_and_fill_up, true)
+MA_FILL(simd_shuffle_and_fill_down, false, 32)
+MA_FILL(simd_shuffle_and_fill_up, true, 32)
+MA_FILL(quad_shuffle_and_fill_down, false, 4)
+MA_FILL(quad_shuffle_and_fill_up, true, 4)
 #undef MA_FILL
 
 }  // namespace metal

@@ -186,6 +186,14 @@ template <class A, std::enable_if_t<is_vec_v<A>, int> = 0> inline vec<elem_t<A>,
   return r;
 }
 template <class A, class B> inline auto reflect(const A& i, const B& n) { return i - n * (dot(n, i) * elem_t<A>(2)); }
+// refract(i, n, eta): the refraction of incident I at a surface of normal N (both normalized), 0 on total reflection
+template <class A, class B, class E> inline auto refract(const A& i, const B& n, E eta) {
+  using T = elem_t<A>; using C = fcalc_t<T>;
+  C d = C(dot(n, i)), e = C(eta), k = C(1) - e * e * (C(1) - d * d);
+  vec<T, vlen_v<A>> r;
+  for (int c = 0; c < vlen_v<A>; ++c) r.d[c] = k < C(0) ? T(0) : T(e * C(i[c]) - (e * d + std::sqrt(k)) * C(n[c]));
+  return r;
+}
 template <class A, class B, class C> inline auto faceforward(const A& n, const B& i, const C& nref) {
   return dot(nref, i) < elem_t<A>(0) ? as_vec(n) : -as_vec(n);
 }
