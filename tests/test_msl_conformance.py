@@ -264,3 +264,81 @@ kernel void k(device const float* x [[buffer(0)]], device float* o [[buffer(1)]]
     x, out = torch.randn(64), torch.zeros(64)
     lib.k(x, out, threads=64, group_size=32)
     torch.testing.assert_close(out, 2 * x + 1)
+
+
+@pytest.mark.slow
+def test_member_and_constructor_overloads_by_parameter_address_space():
+    # MLX's complex and bfloat types define thread and device copy constructors and member overloads
+    lib = MpsEmuBackend().compile(HEAD + """
+struct C {
+  float r; float i;
+  constexpr C(const thread C& o) = default;
+  constexpr C(const device C& o) : r(o.r), i(o.i) {}
+  float dot(const thread C& o) const { return r * o.r + i * o.i; }
+  float dot(const device C& o) const { return r * o.r + i * o.i; }
+};
+kernel void k(device const C* a [[buffer(0)]], device float* out [[buffer(1)]], uint t [[thread_position_in_grid]]) {
+  C c = a[t];
+  C d(c);
+  out[t] = c.dot(a[t]) + d.dot(c) + d.i;
+}
+""")
+    a, out = torch.randn(9, 2), torch.zeros(9)
+    lib.k(a, out, threads=9)
+    torch.testing.assert_close(out, 2 * (a * a).sum(1) + a[:, 1])
+
+
+@pytest.mark.slow
+def test_checked_division_and_indexing_stay_constant_expressions():
+    # the emulator's division-by-zero and bounds checks wrap `/`, `%` and `[]`; inside constant expressions
+    # (MLX's `static constant constexpr short TM = BM / (8 * WM)`, static_assert, table lookups) they must fold
+    lib = MpsEmuBackend().compile(HEAD + """
+constant constexpr int kTab[4] = {8, 16, 32, 64};
+template <int BM, int WM> struct Tile {
+  static constant constexpr const short TM = BM / (8 * WM);
+  static_assert(BM % WM == 0, "tiles");
+  float v[BM / WM];
+};
+constexpr int halve(int a, int b) { return a / b; }
+kernel void k(device float* out [[buffer(0)]], uint t [[thread_position_in_grid]]) {
+  constexpr int d = 4;
+  constexpr int q = kTab[2] / d;
+  static_assert(kTab[1] == 16, "table");
+  Tile<32, 2> tile;
+  tile.v[0] = float(Tile<32, 2>::TM);
+  out[t] = float(q + halve(12, 3)) + tile.v[0] + float(metal::vec<float, kTab[0] / 4>(1.0f).y);
+}
+""")
+    out = torch.zeros(3)
+    lib.k(out, threads=3)
+    assert out.tolist() == [8.0 + 4.0 + 2.0 + 1.0] * 3
+
+
+@pytest.mark.slow
+def test_simd_functions_reached_through_member_functions_see_reconverged_lanes():
+    # after `v = lane < 4 ? scratch[lane] : 0` every lane is active again at the simd_max, also when the call goes
+    # through a static member (MLX's op.simd_reduce) or a method holding the divergence: all lanes get the max
+    lib = MpsEmuBackend().compile(HEAD + """
+float free_reduce(float v) { return simd_max(v); }
+struct MaxOp { static float simd_reduce(float v) { return simd_max(v); } };
+struct Reducer {
+  threadgroup float* s;
+  float reduce(ushort ln) const { float v = ln < 4 ? s[ln] : 0.f; return free_reduce(v); }
+};
+kernel void k(device const float* x [[buffer(0)]], device float* out [[buffer(1)]], device float* out2 [[buffer(2)]],
+              uint lid [[thread_position_in_threadgroup]], ushort sg [[simdgroup_index_in_threadgroup]],
+              ushort ln [[thread_index_in_simdgroup]]) {
+  threadgroup float scratch[4];
+  float v = simd_max(x[lid]);
+  if (ln == 0) scratch[sg] = v;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  v = ln < 4 ? scratch[ln] : 0.f;
+  out[lid] = MaxOp::simd_reduce(v);
+  Reducer r{scratch};
+  out2[lid] = r.reduce(ln);
+}
+""")
+    x = torch.rand(128) + 1
+    out, out2 = torch.zeros(128), torch.zeros(128)
+    lib.k(x, out, out2, threads=128, group_size=128)
+    assert torch.equal(out, torch.full((128,), x.max().item())) and torch.equal(out2, out)

@@ -58,7 +58,7 @@ def _is_id(tk: Tokens, p: int) -> bool:
     return 0 <= p < len(tk.sig) and tk.kind[tk.sig[p]] == "id"
 
 
-def _chain_start(tk: Tokens, q: int) -> int | None:
+def chain_start(tk: Tokens, q: int) -> int | None:
     """First token of the postfix expression (names, members, calls, subscripts) that ends at Q."""
     while True:
         t = tk.t(q)
@@ -74,7 +74,7 @@ def _chain_start(tk: Tokens, q: int) -> int | None:
                 else:
                     return None  # a parenthesized expression or a cast: not worth the risk
             else:
-                inner = _chain_start(tk, m - 1) if tk.t(m - 1) in (")", "]") or _is_id(tk, m - 1) else None
+                inner = chain_start(tk, m - 1) if tk.t(m - 1) in (")", "]") or _is_id(tk, m - 1) else None
                 if inner is None:
                     return None
                 s = inner
@@ -140,7 +140,7 @@ def _index_edit(tk: Tokens, p: int, declarators: set[int]) -> list[Edit] | None:
     if tk.parent[p] == "":
         declarators.add(p)  # global scope: declarations only
         return None
-    start = _chain_start(tk, prev)
+    start = chain_start(tk, prev)
     if start is None:
         return None
     if start == prev and _is_id(tk, prev):

@@ -141,26 +141,39 @@ def _without_address_spaces(tk: Tokens, lo: int, hi: int) -> str:
     return " ".join(words)
 
 
-def fix_free_function_overloads(tk: Tokens) -> None:
-    """Of free functions that differ only in the address spaces of their parameters (distinct overloads in Metal,
-    one function here: the emulator has one address space), keep the first. Their bodies must be the same but
-    for address spaces, else a CompileError: which one a call means would be lost."""
+def fix_address_space_overloads(tk: Tokens) -> None:
+    """Of functions (free, member, constructors) that differ only in the address spaces of their parameters
+    (distinct overloads in Metal, one function here: the emulator has one address space), keep the first. Their
+    bodies must be the same but for address spaces (or one a defaulted copy, as code bases write the `thread`
+    and `device` copy constructors), else a CompileError: which one a call means would be lost."""
     seen: dict[tuple[int, str], tuple[str, int]] = {}
     for r in range(len(tk.sig)):
-        if tk.t(r) != ")" or r not in tk.match or tk.t(r + 1) != "{":
+        if tk.t(r) != ")" or r not in tk.match:
             continue
         lp = tk.match[r]
-        if tk.kind[tk.sig[lp - 1]] != "id" or not _namespace_scope(tk, lp) \
+        o = tk.opener[lp]
+        if tk.kind[tk.sig[lp - 1]] != "id" or not (_namespace_scope(tk, lp) or (o >= 0 and is_class_body(tk, o))) \
                 or not any(tk.t(x) in ADDRESS_SPACES for x in range(lp, r)):
             continue
-        start, end = _decl_start(tk, lp), tk.match[r + 1]
-        key = (tk.opener[lp], _without_address_spaces(tk, start, r))
-        body = _without_address_spaces(tk, r + 1, end)
+        q = r + 1
+        while tk.t(q) in ("", "const", "noexcept", "override", "final"):
+            q += 1
+        if tk.t(q) in ("{", ":"):
+            end = _decl_end(tk, q)
+            body = _without_address_spaces(tk, q, end)
+        elif tk.t(q) == "=" and tk.t(q + 1) in ("default", "delete") and tk.t(q + 2) == ";":
+            end, body = q + 2, "= " + tk.t(q + 1)
+        elif tk.t(q) == ";" and o >= 0 and tk.t(o) == "{" and is_class_body(tk, o):
+            end, body = q, ";"  # a member declared twice is an error in a class: keep one
+        else:
+            continue
+        start = _decl_start(tk, lp)
+        key = (o, _without_address_spaces(tk, start, r))
         if key not in seen:
             seen[key] = (body, tk.line(lp))
             continue
         first_body, first_line = seen[key]
-        if body != first_body:
+        if body != first_body and "= default" not in (body, first_body):
             raise CompileError(f"line {tk.line(lp)}: {tk.t(lp - 1)}() overloads the one on line {first_line} by "
                                "address space only, with another body: the MSL emulator has one address space "
                                "and cannot tell them apart")

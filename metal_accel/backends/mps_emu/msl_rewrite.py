@@ -3,13 +3,14 @@
 `device` and `thread` vanish, `constant` becomes `const`, unsuffixed floating literals become
 `float` (Metal has no double) and `h` literals `metal::half`, attributes and pragmas are removed,
 function-body `threadgroup` variables become storage shared by the threads of a group, and calls
-to helpers that reach SIMD-group functions record their line.
+to helpers that reach SIMD-group functions (free functions and member functions) record their line.
 """
 from __future__ import annotations
 
 import re
 
 from ...core.errors import CompileError
+from .msl_instrument import chain_start
 from .msl_lang import in_function_body
 from .msl_lexer import Tokens
 
@@ -42,11 +43,15 @@ def rewrite(tk: Tokens, wrap: set[str]) -> None:
                 tk.set(p, "" if near & {"const", "constexpr"} else "const")
             elif t == "threadgroup":
                 _rewrite_threadgroup(tk, p)
-            elif t in wrap and tk.t(p + 1) == "(" and tk.t(p - 1) not in (".", "->") and in_function_body(tk, p):
-                start = p - 2 if tk.t(p - 1) == "::" and tk.kind[tk.sig[p - 2]] == "id" else p
-                tk.set(start, "(ma_rt::SiteGuard(__LINE__), " + tk.t(start))
+            elif t in wrap and tk.t(p + 1) == "(" and in_function_body(tk, p):
                 close = tk.match[p + 1]
-                tk.set(close, tk.t(close) + ")")
+                if tk.t(p - 1) in (".", "->"):  # a member function: from the object expression on (r.reduce(v))
+                    start = chain_start(tk, close)
+                else:
+                    start = p - 2 if tk.t(p - 1) == "::" and tk.kind[tk.sig[p - 2]] == "id" else p
+                if start is not None:
+                    tk.set(start, "(ma_rt::SiteGuard(__LINE__), " + tk.t(start))
+                    tk.set(close, tk.t(close) + ")")
         p += 1
 
 

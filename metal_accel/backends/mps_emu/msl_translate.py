@@ -18,9 +18,10 @@ from ...core.errors import CompileError
 from .msl_kernels import find_kernels, host_name, int_expr, substitute
 from .msl_lang import (
     apply_function_constants,
+    fix_address_space_overloads,
     fix_class_scope_specializations,
-    fix_free_function_overloads,
     fix_member_qualifiers,
+    is_class_body,
     move_specializations,
 )
 from . import msl_instrument
@@ -84,6 +85,17 @@ _GROUP_FUNCS = ("sum", "product", "min", "max", "and", "or", "xor", "prefix_incl
 # functions that make a thread wait for others (the kernel then runs its threads as fibers)
 SYNC_FUNCTIONS = frozenset({"threadgroup_barrier", "simdgroup_barrier"} |
                            {f"{g}_{f}" for g in ("simd", "quad") for f in _GROUP_FUNCS})
+
+
+_NOT_FUNCTIONS = frozenset({"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype"})
+
+
+def _before(tk: Tokens, p: int) -> str:
+    """The token before sig position P, blanked ones (address-space qualifiers already dropped) skipped."""
+    q = p - 1
+    while q > 0 and tk.t(q) == "":
+        q -= 1
+    return tk.t(q)
 
 
 def _is_sync(name: str) -> bool:
@@ -177,7 +189,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
                     raise CompileError(f"line {tk.line(p)}: the MSL emulator does not support {UNSUPPORTED_ATTRS[name]}")
     apply_function_constants(tk, function_constants or {})
     fix_member_qualifiers(tk)
-    fix_free_function_overloads(tk)
+    fix_address_space_overloads(tk)
     moves = fix_class_scope_specializations(tk)
     found = find_kernels(tk)
     if not any(k.instances or not k.template_params for k in found):
@@ -191,11 +203,14 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
     p = 0
     while p < n:
         fname = kernel_bodies.get(p)
-        if fname is None and tk.t(p) == "{" and tk.parent[p] == "" and tk.t(p - 1) in (")", "const", "noexcept"):
+        if fname is None and tk.t(p) == "{" and _before(tk, p) in (")", "const", "noexcept") and (
+                tk.parent[p] == "" or (tk.t(tk.opener[p]) == "{" and is_class_body(tk, tk.opener[p]))):
+            # a free function's body, or a member function's (called as obj.f(), p->f() or T::f())
             lp = p - 1
             while lp > 0 and tk.t(lp) != ")":
                 lp -= 1
             fname = tk.t(tk.match[lp] - 1) if lp in tk.match else ""
+            fname = fname if re.fullmatch(r"[A-Za-z_]\w*", fname) and fname not in _NOT_FUNCTIONS else ""
         if fname is not None:
             ids = {tk.t(q) for q in range(p, tk.match[p]) if tk.kind[tk.sig[q]] == "id"}
             bodies.setdefault(fname, set()).update(ids)

@@ -118,7 +118,9 @@ MA_NOSAN inline void describe_thread(char* buf, size_t n) {
   fail("index %lld is out of bounds for an array of %llu elements at line %d (%s)", i, n, line, who);
   abort_thread();
 }
-template <class A, class I> __attribute__((always_inline)) inline I ix(I i, int line) {
+// constexpr: a check inside a constant expression (`constexpr int v = kTab[2];`, `static_assert(BN % TN == 0)`)
+// passes at compile time, as Metal's compiler evaluates it; a failing one is no constant expression, a compile error
+template <class A, class I> __attribute__((always_inline)) constexpr I ix(I i, int line) {
   using D = std::remove_cv_t<std::remove_reference_t<A>>;
   if constexpr (std::is_array<D>::value && std::is_integral<I>::value) {
     constexpr unsigned long long n = std::extent<D>::value;
@@ -133,7 +135,7 @@ template <class A, class I> __attribute__((always_inline)) inline I ix(I i, int 
   abort_thread();
 }
 // the right operand of an integer `/` or `%`: zero stops the thread (a GPU returns an undefined value)
-template <class T> __attribute__((always_inline)) inline const T& dz(const T& v, int line) {
+template <class T> __attribute__((always_inline)) constexpr const T& dz(const T& v, int line) {
   if constexpr (std::is_integral<T>::value) {
     if (__builtin_expect(v == 0, 0)) div_error(line);
   } else if constexpr (metal::vlen_v<T> > 0) {
