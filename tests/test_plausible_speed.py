@@ -14,6 +14,17 @@ def scripted(eager_times: list[float], kernel_s: float = 0.001):
     return timer
 
 
+def fixed(eager_s: float, kernel_s: float, calls: list[str]):
+    """A timer reporting eager at EAGER_S and the kernel at KERNEL_S on every pair, recording the calls in CALLS."""
+    def timer(fn, args, kwargs, sync):
+        calls.append(fn.__name__)
+        return (eager_s if fn.__name__ == "eager" else kernel_s), None
+    return timer
+
+
+SLOW = dict(min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0)  # no 30 pairs fit the budget
+
+
 def named(name: str):
     def fn(*args):
         return None
@@ -73,13 +84,9 @@ def test_a_negative_margin_accepts_a_slower_kernel_and_the_bound_is_judged_again
 
 
 def test_a_clear_loss_stops_timing_early_and_a_close_call_does_not():
-    calls = []
-
-    def timer(fn, args, kwargs, sync):
-        calls.append(fn.__name__)
-        return (0.001 if fn.__name__ == "eager" else 0.0025), None  # the kernel at 0.4x, every pair
-    gate = dict(min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0)
-    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, **gate)
+    calls: list[str] = []
+    gate = SLOW
+    res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=fixed(0.001, 0.0025, calls), **gate)
     assert not res.accepted and res.reps == 8 and "timing stopped after 8 pairs" in res.reason, res
     assert "not faster: 0.40x" in res.reason and len(calls) == 16
     # one pair in eight wins: the bound at 8 pairs is not below the margin, so timing goes on to a verdict
@@ -92,12 +99,9 @@ def test_a_clear_loss_stops_timing_early_and_a_close_call_does_not():
 
 
 def test_a_clear_win_of_a_slow_call_stops_timing_early_and_a_close_call_does_not():
-    calls = []
-
-    def timer(fn, args, kwargs, sync):
-        calls.append(fn.__name__)
-        return (0.003 if fn.__name__ == "eager" else 0.002), None  # the kernel at 1.5x, every pair
-    gate = dict(min_reps=30, max_reps=30, budget_s=0.0, warmup=0, retry_pause_s=0.0)
+    calls: list[str] = []
+    timer = fixed(0.003, 0.002, calls)  # the kernel at 1.5x, every pair
+    gate = SLOW
     res = compare_speed(named("eager"), named("kernel"), [((), {})], timer=timer, **gate)
     assert res.accepted and res.reps == 8 and abs(res.speedup - 1.5) < 1e-9, res
     assert "timing stopped early" in res.reason and len(calls) == 16, res.reason
