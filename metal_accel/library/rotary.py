@@ -212,22 +212,23 @@ def detach(model: nn.Module) -> None:
         users.discard(id(model))
         if users:
             continue
-        module = sys.modules.get(name.rpartition(".")[0])
-        fn = _originals.pop(name, None)
-        router = _routers.pop(name, None)
-        if module is not None and fn is not None and getattr(module, FUNCTION, None) is router:
-            setattr(module, FUNCTION, fn)  # (not where someone else has put another function there since)
+        _put_back(name)
 
 
 def detach_all() -> None:
     """Put every routed function back, whichever models still use it (tests, a process shutting the library off)."""
-    for name, fn in list(_originals.items()):
-        module = sys.modules.get(name.rpartition(".")[0])
-        if module is not None and getattr(module, FUNCTION, None) is _routers.get(name):
-            setattr(module, FUNCTION, fn)
-    _originals.clear()
-    _routers.clear()
+    for name in list(_originals):
+        _put_back(name)
     _users.clear()
+
+
+def _put_back(name: str) -> None:
+    """The original function of NAME ('module.function') in its module again; its router forgotten."""
+    module = sys.modules.get(name.rpartition(".")[0])
+    fn = _originals.pop(name, None)
+    router = _routers.pop(name, None)
+    if module is not None and fn is not None and getattr(module, FUNCTION, None) is router:
+        setattr(module, FUNCTION, fn)  # (not where someone else has put another function there since)
 
 
 DECISION = "rotary decision: "  # the prefix of explain()'s notes about signatures decided since optimize()

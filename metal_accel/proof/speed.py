@@ -191,11 +191,10 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
     pairs in `budget_s` ends timing early: every FUTILITY_EVERY pairs before `min_reps`, a 99.5%
     upper bound of the median pair's speedup below 1 + margin (at 8 pairs: all 8 lost) rejects the
     kernel there (a 300 ms model block otherwise costs 30 pairs); so does a clear win of such a call, a
-    99.5% lower bound above the floor and 1 + margin (at 8 pairs: all 8 won by the margin), which then
-    passes the final 99% test too (a whole Swin Transformer's compile candidate took 174 s to gate). An accepted result that is
-    `implausible` (10x or more,
-    or times spread as wide as their median) is measured again and the lower of the two kept, its
-    reason saying so (`retime=False` for the second).
+    99.5% lower bound above 1 + margin (at 8 pairs: all 8 won by the margin), which then passes the final
+    99% test too (a whole Swin Transformer's compile candidate took 174 s to gate). An accepted result
+    that is `implausible` (10x or more, or times spread as wide as their median) is measured again and
+    the lower of the two kept, its reason saying so (`retime=False` for the second).
     """
     timer = timer or time_call
     if not input_sets:
@@ -211,7 +210,7 @@ def compare_speed(eager: Callable[..., Any], kernel: Callable[..., Any], input_s
             stopped.append(high)
             return True
         low = median_lower_bound(ratios, FUTILITY_Z)
-        if low > max(floor, 1 + margin):
+        if low > 1 + margin:  # (1 + margin is never below the floor)
             won.append(low)
             return True
         return False
