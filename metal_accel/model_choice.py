@@ -188,6 +188,17 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
                 disp.hits = disp.misses = 0
 
 
+def _reset_counters(modules: Sequence[nn.Module]) -> None:
+    for m in modules:
+        disp = dispatcher_of(m)
+        if disp is not None:
+            disp.hits = 0
+
+
+def _was_hit(modules: Sequence[nn.Module]) -> bool:
+    return any((disp := dispatcher_of(m)) is not None and disp.hits > 0 for m in modules)
+
+
 def _groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn.Module]]:
     """The installed per-module choices: choice_groups without the model's own call (a whole-model compile)."""
     out = {name: [m for m in mods if m is not model] for name, mods in choice_groups(model, report).items()}
@@ -224,7 +235,15 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
             finally:
                 set_everywhere(model, None)
         contenders["whole"] = run_everywhere
+    for mods in groups.values():
+        _reset_counters(mods)
     samples, block = time_contenders(contenders, sync, budget_s)
+    # a choice no call of this stage reached (a decode-step signature, timed on the example call) is not judged by it
+    idle = {name for name, mods in groups.items() if not _was_hit(mods)}
+    if idle:
+        log.info("metal_accel: end to end: %s not reached by %s; judged only where they run", ", ".join(sorted(idle)),
+                 "the example call" if workload is None else "the workload")
+        groups = {name: mods for name, mods in groups.items() if name not in idle}
     log_noise = _log_noise([a / b for a, b in zip(samples["eager"], samples["eager_again"]) if b > 0])
     if math.expm1(log_noise) > RETIME_NOISE:  # other work stalled the rounds: once more, longer, before deciding
         log.info("metal_accel: end to end: eager against itself strayed ±%.0f%%; timed again", math.expm1(log_noise) * 100)
@@ -289,11 +308,15 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
         result.final_speedup = _paired_median(final["eager"], final["optimized"])
     if slower(result.final_speedup):
         for name, modules in _groups(model, report).items():
+            if name in idle:
+                continue
             for m in modules:
                 uninstall(m)
             result.dropped.append(name)
-        result.decision = f"every module choice dropped: the optimized model ran {result.final_speedup:.2f}x eager"
-        result.outcome = "eager"
+        result.decision = (f"every module choice {'this call reaches ' if idle else ''}dropped: the optimized model "
+                           f"ran {result.final_speedup:.2f}x eager")
+        if not idle:
+            result.outcome = "eager"
     elif result.dropped:
         result.decision = "dropped " + ", ".join(result.dropped)
     if not _groups(model, report):

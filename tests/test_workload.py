@@ -82,6 +82,29 @@ def test_the_end_to_end_stage_times_the_workload_and_drops_a_choice_that_slows_i
     assert dispatcher_of(model.mlp) is None and report.modules[0].reason == DROPPED
 
 
+def test_a_choice_the_example_call_never_reaches_is_not_judged_by_it(monkeypatch):
+    """The example stage reads 0.8x (scripted: other work on the machine), but the decode-step choice never ran in
+    it: the choice stays installed for the workload stage to judge."""
+    import metal_accel.model_choice as mc
+
+    def scripted(contenders, sync, budget_s, min_rounds=mc.MIN_ROUNDS):
+        with torch.inference_mode():
+            for fn in contenders.values():
+                fn()
+        return {name: [1.25 if name == "optimized" else 1.0] * 8 for name in contenders}, 1
+    monkeypatch.setattr(mc, "time_contenders", scripted)
+    model = Decoder().eval()
+    install(model.mlp, call_signature((torch.randn(1, 1, 8),), {}), Op(lambda t: nn.Sequential(*model.mlp)(t)))
+    report = OptimizeReport("cpu", "test")
+    report.modules = [ModuleReport("mlp", "torch.nn.Sequential", "float32[1,1,8]", "kernel", "proven alone")]
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5)
+    assert result is not None and not result.dropped and result.outcome != "eager", result
+    assert dispatcher_of(model.mlp) is not None and report.modules[0].reason != DROPPED
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              workload=decode)  # reached by the decode steps, 0.8x there: dropped
+    assert result is not None and result.dropped == ["Sequential: kernel"], result
+    assert dispatcher_of(model.mlp) is None
+
 
 def test_a_module_chosen_for_two_signatures_is_one_member_of_its_group():
     model = Decoder().eval()
