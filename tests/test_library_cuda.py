@@ -511,6 +511,18 @@ def test_gpu_library_proves_every_family_on_real_classes(dtype: torch.dtype, mon
 
 @pytest.mark.cuda
 @pytest.mark.slow
+@pytest.mark.parametrize("rows, D, dtype", [(3, 20000, FP32), (2, 40000, BF16), (1, 70000, FP16)], ids=str)
+def test_gpu_layer_norm_rows_wider_than_the_registers(rows: int, D: int, dtype: torch.dtype,
+                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Over 4096 vectors of 16 bytes a row: the three-pass kernel, proven on the GPU like the one-pass one."""
+    torch.manual_seed(0)
+    module = _affine(torch.nn.LayerNorm(D)).to("cuda", dtype).eval()
+    rep = _prove(module, torch.randn(rows, D, device="cuda", dtype=dtype), monkeypatch, tmp_path)
+    assert rep.kernel_us is not None and all(": not faster" in r for r in rep.rejected), (rep.reason, rep.rejected)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
 def test_gpu_broken_rms_norm_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     text = text_of("rms_norm").replace("        if (p < P) {\n            const Pack<W, V> g",

@@ -102,6 +102,35 @@ def test_the_cpu_kernel_is_proven_for_llamas_function(dtype, cos_batch):
                                    torch.float32 else 0)
 
 
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_the_cuda_kernel_is_proven_for_llamas_function_on_the_gpu(dtype, cos_batch):
+    on_gpu = lambda ts: tuple(t.cuda() for t in ts)  # noqa: E731  (transposed views stay views: .cuda() keeps strides)
+    op, rep = prove(on_gpu(hf_inputs(B=2, S=7, Hq=8, Hkv=2, D=64, dtype=dtype, cos_batch=cos_batch)), backend="cuda")
+    assert op is not None and rep.status == "kernel", (rep.reason, rep.rejected)
+    for B, S in ((3, 11), (4, 1)):  # another prefill and a decode step, served by the same kernel
+        fresh = on_gpu(hf_inputs(B=B, S=S, Hq=8, Hkv=2, D=64, dtype=dtype, cos_batch=B if cos_batch > 1 else 1))
+        got = rotary.run_op(op, fresh)
+        want = modeling_llama.apply_rotary_pos_emb(*fresh)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype and g.is_cuda
+            torch.testing.assert_close(g, w, rtol=1e-5 if dtype == torch.float32 else 0,
+                                       atol=1e-5 if dtype == torch.float32 else 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_a_broken_cuda_kernel_is_rejected_on_the_gpu(monkeypatch: pytest.MonkeyPatch):
+    text = cuda_text()
+    old = "-x2"
+    assert old in text, "the broken variant below needs the rotation's negation"
+    inputs = tuple(t.cuda() for t in hf_inputs(D=64))
+    op, rep = prove(inputs, text.replace(old, "x2", 1), monkeypatch, "cuda")
+    assert op is None and rep.status == "eager" and "incorrect" in " ".join(rep.rejected), rep.rejected
+
+
 @pytest.mark.slow
 @pytest.mark.needs_cxx
 @pytest.mark.parametrize("backend, old, new", [
