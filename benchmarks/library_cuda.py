@@ -236,7 +236,7 @@ def rms_sweep(module: Any, x: Any, want: Any, moved: int, copy_gbs: float) -> di
     y = torch.empty_like(x)
     out = {}
     for tpr in (32, 64, 128, 256, 512, 1024):
-        if 8 * tpr < packs:
+        if 4 * tpr < packs:  # ROW_PACKS: wider rows take the wide kernel
             continue
         rpb = max(1, 256 // tpr)
         launch = lambda: kernel(x, module.weight, y, rows, D, float(module.variance_epsilon),

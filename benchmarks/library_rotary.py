@@ -94,8 +94,9 @@ def main() -> None:
                   + (f"  direct {case['direct_function_us']:.1f} / {case['direct_kernel_us']:.1f} us" if op else ""))
     if args.record:
         from benchmarks import results
+        gpu = f"{backend.environment().device_name}; " if device.type != "cpu" else ""
         results.record("library", args.record, "python benchmarks/library_rotary.py " + " ".join(sys.argv[1:]),
-                       {"cases": cases})
+                       {"cases": cases}, machine_text=gpu + results.machine())
 
 
 if __name__ == "__main__":

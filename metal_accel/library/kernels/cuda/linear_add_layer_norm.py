@@ -23,7 +23,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 // V elements loaded or stored as one access (16 bytes of x's type on the vector path, 1 on the scalar one)
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
-#define NV 8  // packs of a row each thread holds in registers
+#define NV 4  // packs of a row each thread holds in registers (8 spilled bf16 rows past 64 registers)
 
 // Sum of v over the threads of one row: blockDim.x threads (a multiple of 32) per row, blockDim.y rows per block,
 // at most 32 warps a block. The branch on blockDim.x is uniform over the block, so every thread meets the barrier.
@@ -69,7 +69,7 @@ __device__ __forceinline__ float2 row_sum_max(float s, float m, float2* part) {
 #define SUM_UNSCALE 4294967296.0f  // 2^32
 
 // y = (s - mean) * rstd * w + b over each row s, with mean and the biased variance of s in float, rstd =
-// rsqrt(var + eps), the row held in registers as T (D / V <= NV * blockDim.x, blockDim.x * blockDim.y <= 512).
+// rsqrt(var + eps), the row held in registers as T (D / V <= NV * blockDim.x, blockDim.x * blockDim.y <= 1024).
 // ADD: s = round_T(x + r) and y == x (in place: every element is read into registers before any is written);
 // else s = x. Rows (and w, b, r, y) are V-element aligned: D % V == 0 and 16-byte aligned bases where V > 1.
 template <typename T, typename W, int V, bool ADD>
@@ -168,12 +168,12 @@ __device__ __forceinline__ void ln_wide(const T* x, const T* r, const W* __restr
         y[off + j] = from_f<T>(to_f(w[j]) * ((to_f(src[off + j]) - mean) * rstd) + to_f(b[j]));
 }
 
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_vec_f32(
     float* h, const float* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<float, float, 4, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_one_f32(
     float* h, const float* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<float, float, 1, true>(h, r, w, b, h, rows, D, eps);
@@ -182,12 +182,12 @@ extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f32(
     float* h, const float* r, const float* w, const float* b, int D, float eps) {
     ln_wide<float, float, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_vec_f16(
     __half* h, const __half* r, const __half* w, const __half* b,
     long long rows, int D, float eps) {
     ln_rows<__half, __half, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_one_f16(
     __half* h, const __half* r, const __half* w, const __half* b,
     long long rows, int D, float eps) {
     ln_rows<__half, __half, 1, true>(h, r, w, b, h, rows, D, eps);
@@ -196,12 +196,12 @@ extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16(
     __half* h, const __half* r, const __half* w, const __half* b, int D, float eps) {
     ln_wide<__half, __half, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_vec_bf16(
     __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b,
     long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, __nv_bfloat16, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_one_bf16(
     __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b,
     long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, __nv_bfloat16, 1, true>(h, r, w, b, h, rows, D, eps);
@@ -210,12 +210,12 @@ extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16(
     __nv_bfloat16* h, const __nv_bfloat16* r, const __nv_bfloat16* w, const __nv_bfloat16* b, int D, float eps) {
     ln_wide<__nv_bfloat16, __nv_bfloat16, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_f16_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_vec_f16_f32(
     __half* h, const __half* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<__half, float, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_f16_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_one_f16_f32(
     __half* h, const __half* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<__half, float, 1, true>(h, r, w, b, h, rows, D, eps);
@@ -224,12 +224,12 @@ extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_f16_f32(
     __half* h, const __half* r, const float* w, const float* b, int D, float eps) {
     ln_wide<__half, float, true>(h, r, w, b, h, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_vec_bf16_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_vec_bf16_f32(
     __nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, float, 8, true>(h, r, w, b, h, rows, D, eps);
 }
-extern "C" __global__ void __launch_bounds__(512) add_ln_one_bf16_f32(
+extern "C" __global__ void __launch_bounds__(1024) add_ln_one_bf16_f32(
     __nv_bfloat16* h, const __nv_bfloat16* r, const float* w, const float* b,
     long long rows, int D, float eps) {
     ln_rows<__nv_bfloat16, float, 1, true>(h, r, w, b, h, rows, D, eps);
@@ -240,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_ln_wide_bf16_f32(
 }
 """
 
-ROW_PACKS = 8  # NV in SOURCE
+ROW_PACKS = 4  # NV in SOURCE
 
 
 def _launch_rows(vec, name, h, r, w, b, rows, D, e, grid, block):
@@ -281,10 +281,9 @@ def _launch_wide(name, h, r, w, b, rows, D, e):
 
 def _shape(packs):
     """(threads a row, rows a block, wide): about four packs a thread, enough threads to keep a lone row's loads in
-    flight; rows wider than NV packs a thread at 512 threads (the row kernels' launch bound: at 1024 the row would
-    not fit in 64 registers a thread) take the wide kernel."""
-    tpr = 512
-    for t in (32, 64, 128, 256):
+    flight; rows wider than NV packs a thread at 1024 threads take the wide kernel."""
+    tpr = 1024
+    for t in (32, 64, 128, 256, 512):
         if 4 * t >= packs:
             tpr = t
             break

@@ -22,7 +22,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 // V elements loaded or stored as one access (16 bytes of x's type on the vector path, 1 on the scalar one)
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
-#define NV 8  // packs of a row each thread holds in registers
+#define NV 4  // packs of a row each thread holds in registers (8 spilled bf16 rows past 64 registers)
 
 // Sum of v over the threads of one row: blockDim.x threads (a multiple of 32) per row, blockDim.y rows per block,
 // at most 32 warps a block. The branch on blockDim.x is uniform over the block, so every thread meets the barrier.
@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_wide_bf16_f32(const __nv_
                                                                      int D, float eps) { rms_wide<__nv_bfloat16, float>(x, w, y, D, eps); }
 """
 
-ROW_PACKS = 8  # NV in SOURCE
+ROW_PACKS = 4  # NV in SOURCE
 
 
 def _launch_rows(vec, name, xc, w, y, rows, D, e, grid, block):
