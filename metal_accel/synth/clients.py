@@ -54,12 +54,15 @@ class Completion:
 class RequestFailed(MetalAccelError):
     """A request failed for good. `fatal`: the model is unusable (credentials, unknown model).
     `billable`: it was abandoned after the server may have done the work (a timeout), so its
-    reservation is charged."""
+    reservation is charged. `out_of_budget`: the caller's time budget ended first (the module's, not the
+    request's own deadline): the request was cut short, as a cancellation is, rather than failed."""
 
-    def __init__(self, message: str, *, fatal: bool = False, billable: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False, billable: bool = False,
+                 out_of_budget: bool = False) -> None:
         super().__init__(message)
         self.fatal = fatal
         self.billable = billable
+        self.out_of_budget = out_of_budget
 
 
 class ChatClient(Protocol):
@@ -173,7 +176,7 @@ class SDKChatClient:
 
     def _out_of_time(self, own: float, end: float, *, billable: bool) -> RequestFailed:
         if end < own:
-            return RequestFailed("out of time budget while waiting for an answer", billable=billable)
+            return RequestFailed("out of time budget while waiting for an answer", billable=billable, out_of_budget=True)
         return RequestFailed(f"no answer within the request deadline ({self.settings.request_deadline_s:g} s, all "
                              "attempts together)", billable=billable)
 

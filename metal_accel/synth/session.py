@@ -219,7 +219,9 @@ class ModuleSession:
                 comp = await client.complete(self.prompt.system, messages, deadline=self._deadline())
             except RequestFailed as exc:
                 self._charge_abandoned(res, model, messages, attempt, billable=exc.billable)
-                attempt.outcome = f"request failed: {exc}"
+                # the module's time ran out while waiting: the same end as the cancellation below, whichever of
+                # the request's deadline and the module's stop fired first
+                attempt.outcome = f"request cancelled: {exc}" if exc.out_of_budget else f"request failed: {exc}"
                 self._note(attempt)
                 if exc.fatal:
                     self.dead.setdefault(model, f"{model.label}: {exc}")
