@@ -167,7 +167,8 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         if why_not:
             report.notes.append(redact(f"{WHOLE} not used: {why_not}"))
     with_kernels = None
-    if now.compile and supports_compile(be) and _kernels_below(model, report) and whole is not None:
+    if now.kernels_in_whole and now.compile and supports_compile(be) and _kernels_below(model, report) \
+            and whole is not None:
         t0 = time.perf_counter()  # the same, with the installed kernels inside its graph as custom ops
         with clock(report.stage_s, f"{WHOLE} with our kernels inside"):
             with_kernels, why_not = prove_whole_model(model, args, kwargs, _device_of(model, args),

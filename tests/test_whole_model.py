@@ -120,3 +120,24 @@ def test_optimize_does_not_try_the_whole_model_when_compile_is_off():
     metal_accel.optimize(model, (ids,), compile=False, progress=False)
     report = metal_accel.explain(model)
     assert report.end_to_end is None and not any(WHOLE in n for n in report.notes)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_whole_model_with_kernels_inside_is_tried_only_when_asked(monkeypatch, on):
+    """Off by default (it never won in the zoo and costs a second whole-model compile); kernels_in_whole=True."""
+    import metal_accel.api as api
+    tried: list[bool] = []
+
+    def fake_prove(model, args, kwargs, device, with_kernels=False):
+        tried.append(with_kernels)
+        return object(), ""
+    monkeypatch.setattr(api, "prove_whole_model", fake_prove)
+    monkeypatch.setattr(api, "_whole_not_tried", lambda model, report: True)
+    monkeypatch.setattr(api, "_kernels_below", lambda model, report: True)
+    monkeypatch.setattr(api, "prove_end_to_end", lambda *a, **k: None)
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    metal_accel.optimize(model, (torch.randn(2, 8),), compile=True, kernels_in_whole=on, progress=False)
+    assert tried == ([False, True] if on else [False])
+    stages = metal_accel.explain(model).stage_s
+    assert (f"{WHOLE} with our kernels inside" in stages) == on, stages
+

@@ -79,6 +79,9 @@ class Settings:
     compile_timeout_s: float = 120.0     # the torch.compile candidate's first compile, else eager stays
     end_to_end: bool = True              # time the optimized model whole against eager; drop what slows it
     library: bool = True                 # the shipped kernel library (library/) proposes kernels by computation
+    # also try the model compiled whole with the installed kernels inside its graph as custom ops: never the
+    # fastest in the zoo so far (docs/benchmarks.md), and a second whole-model compile (4-14 s on the H100)
+    kernels_in_whole: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -92,6 +95,7 @@ class Settings:
             build_dir_override=Path(build) if build else None,
             cache_path=tuple(Path(p) for p in env.get(PREFIX + "CACHE_PATH", "").split(os.pathsep) if p),
             end_to_end=_flag(env, "END_TO_END", True), library=_flag(env, "LIBRARY", True),
+            kernels_in_whole=_flag(env, "KERNELS_IN_WHOLE"),
             disabled=_flag(env, "DISABLE"), record=_flag(env, "RECORD"), compile=_flag(env, "COMPILE", True),
             revalidate=revalidate if revalidate in REVALIDATE_POLICIES else "first-use",
             trust_native=_flag(env, "TRUST_NATIVE"), unconfined=_flag(env, "UNCONFINED"),
