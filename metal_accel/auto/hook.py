@@ -233,7 +233,9 @@ def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozen
         auto = self.__dict__.get(_ma_attr)
         if auto is None:
             auto = _ma_auto(self, _ma_original)
-        return auto(*args, **kwargs)
+        if auto.fallback is not None or auto.in_training():
+            return auto(*args, **kwargs)
+        return auto.run_checked(args, kwargs)  # bypass, compile and tracers ruled out above: not asked again
     return forward
 
 

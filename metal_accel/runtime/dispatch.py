@@ -146,10 +146,24 @@ class Dispatcher:
                 return self.original(*args, **kwargs)
         if self.in_training():
             return self.original(*args, **kwargs)
-        op = self._traced_op(args, kwargs) if _is_compiling() else self.kernel_for(args, kwargs)
+        if not _is_compiling():
+            return self.run_checked(args, kwargs)
+        # dynamo traces this call: the kernel's custom op goes into the user's graph (no counting: dynamo would
+        # read a counter bumped in the graph as a constant and recompile on every call)
+        op = self._traced_op(args, kwargs)
+        return self.original(*args, **kwargs) if op is None else self._run_op(op, args, kwargs, count=False)
+
+    def run_checked(self, args: tuple, kwargs: dict) -> Any:
+        """A call known to be outside any tracer or compile, not bypassed, with no fallback, the module in eval
+        mode: its kernel, or the original forward. The auto-instrumented forward (auto/hook.py) has made those
+        checks itself; calling here saves repeating them on every call of a patched class."""
+        op = self.kernel_for(args, kwargs)
         if op is None:
-            self._count("misses")
+            self.misses += 1
             return self.original(*args, **kwargs)
+        return self._run_op(op, args, kwargs, count=True)
+
+    def _run_op(self, op: KernelOp, args: tuple, kwargs: dict, count: bool) -> Any:
         state = self.layout.gather()
         if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
                                         or any(t.requires_grad for t in input_tensors(args, kwargs))):
@@ -170,7 +184,8 @@ class Dispatcher:
             self.failures[op.name] = f"{type(exc).__name__}: {exc}"
             log.warning("metal_accel: kernel %s failed (%s); this module runs eager from now on", op.name, exc)
             return self.original(*args, **kwargs)
-        self._count("hits")
+        if count:
+            self.hits += 1
         return out
 
     def _count(self, counter: str) -> None:
