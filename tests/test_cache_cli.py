@@ -68,6 +68,23 @@ def test_entry_whose_host_code_escapes_the_sandbox_is_never_loaded(tmp_path, cap
     assert "torch.load" in caplog.text
 
 
+def test_the_code_checks_remember_only_code_that_passed(tmp_path, caplog):
+    """A process remembers which cached code passed its checks (identical modules read one entry many times);
+    code that failed is checked, and refused, at every read."""
+    c = CacheDir(tmp_path, writable=True, name="t")
+    path = c.put(make_entry())
+    assert c.get("cpu", "a" * 32) is not None and c.get("cpu", "a" * 32) is not None
+    data = json.loads(path.read_text())
+    evil = data["candidate"]["code"].replace("out = torch.empty_like(x)", "out = torch.load('x')")
+    data["candidate"]["code"], data["candidate"]["digest"] = evil, parse_candidate(evil, "cpu").digest
+    path.write_text(json.dumps(data))
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert c.get("cpu", "a" * 32) is None
+        assert "torch.load" in caplog.text
+
+
 def test_truncated_and_unknown_version_entries_are_skipped(tmp_path):
     c = CacheDir(tmp_path, writable=True, name="t")
     path = c.put(make_entry())

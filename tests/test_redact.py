@@ -75,3 +75,13 @@ def test_redact_is_idempotent_and_walks_documents(env):
     assert once == {"reason": "at $PROJECT_DATA_DIR", "list": [REDACTED, 1.5], "n": 3, "t": (REDACTED,)}
     assert redact_obj(once) == once
     assert redact("") == ""
+
+
+def test_a_variable_set_or_changed_after_a_redaction_is_redacted_too(env, monkeypatch):
+    """The rules are kept between calls while the environment is unchanged, and rebuilt when it changes."""
+    assert "later-secret-value-77" in redact("x later-secret-value-77")
+    monkeypatch.setenv("LATER_API_TOKEN", "later-secret-value-77")
+    assert "later-secret-value-77" not in redact("x later-secret-value-77")
+    monkeypatch.setenv("LATER_API_TOKEN", "changed-secret-value-88")
+    out = redact("x later-secret-value-77 changed-secret-value-88")
+    assert "changed-secret-value-88" not in out and "later-secret-value-77" in out

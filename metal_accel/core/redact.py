@@ -120,21 +120,34 @@ class _Rules:
         return _pairs(scrub(out))
 
 
+_last: tuple[tuple, _Rules] | None = None
+
+
+def _rules() -> _Rules:
+    """The rules for the environment as it is now: rebuilt only when a variable changed (building them reads
+    every value; optimize() redacts each module's report, hundreds of times a model)."""
+    global _last
+    env = tuple(os.environ.items())
+    if _last is None or _last[0] != env:
+        _last = (env, _Rules())
+    return _last[1]
+
+
 def redact(text: str) -> str:
     """TEXT with environment values, the home directory, credentials and environment dumps taken out."""
     text = str(text)
-    return _Rules().apply(text) if text else text
+    return _rules().apply(text) if text else text
 
 
 def redact_obj(value: Any, rules: _Rules | None = None) -> Any:
     """VALUE with `redact` applied to every string inside it (dicts, lists and tuples are walked)."""
     if isinstance(value, str):
-        return (rules or _Rules()).apply(value) if value else value
+        return (rules or _rules()).apply(value) if value else value
     if isinstance(value, dict):
-        rules = rules or _Rules()
+        rules = rules or _rules()
         return {k: redact_obj(v, rules) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        rules = rules or _Rules()
+        rules = rules or _rules()
         return type(value)(redact_obj(v, rules) for v in value)
     return value
 

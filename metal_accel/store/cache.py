@@ -71,6 +71,11 @@ def environment_fault(reason: str) -> bool:
     return bool(_ENVIRONMENT_FAULTS.search(reason))
 
 
+# (candidate digest, kernel language) of cached code that passed the host-code and kernel-source checks in this
+# process: the checks are functions of the code alone, and identical modules read the same entry many times
+_CODE_PASSED: set[tuple[str, str]] = set()
+
+
 @dataclass
 class CacheEntry:
     """Everything known about one (module, input spec, backend): the kernel and its verdicts."""
@@ -148,9 +153,12 @@ class CacheEntry:
                 raise CacheError("candidate digest does not match its code")
             if cand.is_builtin:
                 check_builtin(cand)
-            else:  # cached code is untrusted data: check it on every load
-                check_host_code(cand.code)
-                check_kernel_source(cand.source, LANGUAGE_OF_BACKEND.get(d["backend"], ""))
+            else:  # cached code is untrusted data: check it on every load (once per distinct code a process)
+                language = LANGUAGE_OF_BACKEND.get(d["backend"], "")
+                if (cand.digest, language) not in _CODE_PASSED:
+                    check_host_code(cand.code)
+                    check_kernel_source(cand.source, language)
+                    _CODE_PASSED.add((cand.digest, language))
             if cand.backend != d["backend"]:
                 raise CacheError("candidate backend differs from the entry's backend")
         out = d.get("output_spec")
