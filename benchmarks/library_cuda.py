@@ -227,6 +227,7 @@ def rms_sweep(module: Any, x: Any, want: Any, moved: int, copy_gbs: float) -> di
 
     from metal_accel.backends import get_backend
     from metal_accel.core.candidate import parse_candidate
+    from metal_accel.library.kernels.cuda.rms_norm import ROW_PACKS
     from metal_accel.library.provider import kernel_file
     text, _ = kernel_file("cuda", "rms_norm")
     lib = get_backend("cuda").compile(parse_candidate(text + "\n\ndef forward(module, x):\n    return x\n", "cuda").source)
@@ -236,7 +237,7 @@ def rms_sweep(module: Any, x: Any, want: Any, moved: int, copy_gbs: float) -> di
     y = torch.empty_like(x)
     out = {}
     for tpr in (32, 64, 128, 256, 512, 1024):
-        if 4 * tpr < packs:  # ROW_PACKS: wider rows take the wide kernel
+        if ROW_PACKS * tpr < packs:  # wider rows take the wide kernel
             continue
         rpb = max(1, 256 // tpr)
         launch = lambda: kernel(x, module.weight, y, rows, D, float(module.variance_epsilon),

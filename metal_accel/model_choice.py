@@ -18,7 +18,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -182,17 +182,14 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
                  f" ({w.decision})" if w.decision else "")
         return result
     finally:
-        for module in model.modules():  # the dispatchers' counters are the user's calls, not these
-            disp = dispatcher_of(module)
-            if disp is not None:
-                disp.hits = disp.misses = 0
+        _reset_counters(model.modules())  # the dispatchers' counters are the user's calls, not these
 
 
-def _reset_counters(modules: Sequence[nn.Module]) -> None:
+def _reset_counters(modules: Iterable[nn.Module]) -> None:
     for m in modules:
         disp = dispatcher_of(m)
         if disp is not None:
-            disp.hits = 0
+            disp.hits = disp.misses = 0
 
 
 def _was_hit(modules: Sequence[nn.Module]) -> bool:
