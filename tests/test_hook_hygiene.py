@@ -55,7 +55,7 @@ def forward(module, x):
 
 
 def put_entry(module: nn.Module, x: torch.Tensor, *, kind: str = "kernel", accepted: bool | None = True,
-              foreign_accepted: bool = False) -> None:
+              foreign_accepted: bool = False, details: dict | None = None) -> None:
     """Write a user-cache entry for (MODULE, X): a kernel (or the built-in torch.compile) whose verdict here is
     ACCEPTED (None: no verdict here), optionally also accepted on another machine; candidate None when
     ACCEPTED is False and nothing was accepted anywhere (a plain rejection)."""
@@ -68,7 +68,8 @@ def put_entry(module: nn.Module, x: torch.Tensor, *, kind: str = "kernel", accep
     cand = compile_candidate(backend) if kind == "inductor" else parse_candidate(LAYER_NORM, "cpu", "test")
     verdicts = {}
     if accepted is not None:
-        verdicts[env.id] = Verdict(env, accepted, "accepted" if accepted else "incorrect: test", cand.digest, 2.0)
+        verdicts[env.id] = Verdict(env, accepted, "accepted" if accepted else "incorrect: test", cand.digest, 2.0,
+                                   details=dict(details or {}))
     if foreign_accepted:
         other = type(env)(**{**env.to_dict(), "device_name": "Some Other CPU"})
         verdicts[other.id] = Verdict(other, True, "accepted elsewhere", cand.digest, 2.0)
@@ -120,6 +121,45 @@ def test_an_accepted_kernel_patches_its_class_and_foreign_ones_only_under_first_
     put_entry(nn.LayerNorm(8).eval(), torch.randn(4, 8), accepted=None, foreign_accepted=True)
     assert run_python(PATCHED)["patched"] == ["LayerNorm"]
     assert run_python(PATCHED, METAL_ACCEL_REVALIDATE="optimize")["patched"] == []
+
+
+GRAPH_ONLY = {"launch": "cuda-graph", "direct_bench": {"accepted": False, "reason": "not faster: 0.97x"}}
+GRAPH_AND_DIRECT = {"launch": "cuda-graph", "direct_bench": {"accepted": True, "reason": "1.3x faster"}}
+
+
+def test_a_kernel_that_won_only_replayed_as_a_cuda_graph_is_left_to_optimize():
+    """Without optimize()'s end-to-end check, a win that only the graph replay gave runs neither way: the class
+    is not patched and a call resolves to eager."""
+    ln, x = nn.LayerNorm(8).eval(), torch.randn(4, 8)
+    put_entry(ln, x, details=GRAPH_ONLY)
+    assert run_python(PATCHED)["patched"] == []
+    assert kernel_for_call(ln, (x,), {}, prove_here=True) is None
+
+
+@pytest.mark.needs_cxx
+def test_a_kernel_whose_direct_launch_also_won_runs_launched_directly():
+    from metal_accel.runtime.graph import GraphedOp
+    from metal_accel.runtime.ops import KernelOp
+    ln, x = nn.LayerNorm(8).eval(), torch.randn(4, 8)
+    put_entry(ln, x, details=GRAPH_AND_DIRECT)
+    assert run_python(PATCHED)["patched"] == ["LayerNorm"]
+    op = kernel_for_call(ln, (x,), {}, prove_here=True)
+    assert isinstance(op, KernelOp) and not isinstance(op, GraphedOp)
+
+
+def test_a_first_use_proof_times_the_direct_launch_only(monkeypatch):
+    import metal_accel.auto.autoload as autoload
+    from metal_accel.core.provider import Evaluation
+    seen = []
+
+    def prove(call, key, cand, backend, settings):
+        seen.append(settings)
+        return Evaluation(cand, Verdict(backend.environment(), False, "not faster: test", cand.digest))
+    monkeypatch.setattr(autoload, "prove_candidate", prove)
+    ln, x = nn.LayerNorm(8).eval(), torch.randn(4, 8)
+    put_entry(ln, x, accepted=None, foreign_accepted=True)  # accepted elsewhere: proven here at first use
+    assert kernel_for_call(ln, (x,), {}, prove_here=True) is None
+    assert [s.graph_launch for s in seen] == [False]
 
 
 SCRIPT_AND_TRACE = """

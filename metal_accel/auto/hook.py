@@ -139,7 +139,9 @@ def _runs_here(path: Path, env_id: str, first_use: bool, vouched: bool = False) 
     except (OSError, ValueError, AttributeError, TypeError):
         return False
     if env_id in verdicts and (vouched or sealed_verdict(data, env_id)):
-        return env_id in accepted
+        details = verdicts[env_id].get("details") or {}
+        graph_only = details.get("launch") == "cuda-graph" and not (details.get("direct_bench") or {}).get("accepted")
+        return env_id in accepted and not graph_only  # autoload.direct_launch_won: a graph replay's win is not used
     return first_use and bool(accepted)
 
 
