@@ -65,6 +65,11 @@ def main() -> int:
                         help="--kernelbench: mean seconds per answer of the model the run stands for")
     parser.add_argument("--max-tensor-mb", type=float, default=16.0,
                         help="--kernelbench: batch_size halved until no tensor exceeds this")
+    parser.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
+                        help="--kernelbench: the backend whose kernels (benchmarks/candidates/BACKEND) the model answers with")
+    parser.add_argument("--max-wall", type=float, default=None,
+                        help="--kernelbench: seconds cap of each synth run (metal-accel synth --max-wall)")
+    parser.add_argument("--no-farm", action="store_true", help="--kernelbench: one machine only, no Ray cluster run")
     args = parser.parse_args()
     if args.kernelbench:
         from synth_e2e_kb import main as kernelbench_main

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CANDIDATES = ROOT / "benchmarks" / "candidates" / "cpu"
-PROBLEMS = ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"
+CANDIDATES = ROOT / "benchmarks" / "candidates"  # <backend>/: the kernels the scripted model answers with
+PROBLEMS = Path(os.environ.get("KB_PROBLEMS", ROOT.parent / "shared" / "kernelbench" / "problems.jsonl"))
 MODELS = ("openai:gpt-5", "anthropic:claude-sonnet-4-5")
 # What one answer is, per round (first answer, then repairs): the rates of a frontier model writing a
 # kernel for a KernelBench level-1 problem, calibrated to KernelBench's headline figure (Ouyang et al. 2025,
@@ -57,8 +57,8 @@ class Served:
     end: float
 
 
-def kernel_for(name: str, level: int, pid: int) -> Path | None:
-    for p in (CANDIDATES / f"L{level}_{pid}_{name}.py", CANDIDATES / f"{name}.py"):
+def kernel_for(name: str, level: int, pid: int, backend: str = "cpu") -> Path | None:
+    for p in (CANDIDATES / backend / f"L{level}_{pid}_{name}.py", CANDIDATES / backend / f"{name}.py"):
         if p.is_file():
             return p
     return None
@@ -75,14 +75,19 @@ def shrunk(row: dict, cap_mb: float) -> str:
     return re.sub(r"^batch_size\s*=\s*\d+", f"batch_size = {batch}", row["code"], count=1, flags=re.M)
 
 
-def problem_rows(limit: int, cap_mb: float) -> tuple[list[dict], dict[str, Path]]:
-    """Up to LIMIT KernelBench rows with a CPU kernel, shrunk; and module name -> kernel file."""
+def problem_rows(limit: int, cap_mb: float, backend: str = "cpu") -> tuple[list[dict], dict[str, Path]]:
+    """Up to LIMIT KernelBench rows with a kernel for BACKEND, shrunk; and module name -> kernel file. CPU: the
+    level-1 problems of ORDER; other backends: every problem with a kernel, by level and id."""
     import hashlib
     rows, kernels = [], {}
-    level1 = {r["problem_id"]: r for r in map(json.loads, PROBLEMS.read_text().splitlines()) if r["level"] == 1}
-    for pid in ORDER:
-        row = level1.get(pid)
-        k = kernel_for(row["name"], 1, pid) if row else None
+    every = [json.loads(line) for line in PROBLEMS.read_text().splitlines()]
+    if backend == "cpu":
+        level1 = {r["problem_id"]: r for r in every if r["level"] == 1}
+        order = [level1.get(pid) for pid in ORDER]
+    else:
+        order = sorted(every, key=lambda r: (r["level"], r["problem_id"]))
+    for row in order:
+        k = kernel_for(row["name"], row["level"], row["problem_id"], backend) if row else None
         if row is None or k is None:
             continue
         row = {**row, "code": shrunk(row, cap_mb)}
@@ -150,7 +155,7 @@ class Script:
         if outcome == "compile error":
             code = code.replace('SOURCE = r"""', 'SOURCE = r"""\nthis is not C++;', 1)
         elif outcome == "wrong result":
-            code = re.sub(r"(\n    return )(\w+)\s*$", r"\1\2 * 1.5\n", code.rstrip() + "\n")
+            code = re.sub(r"(\n    return )(.+)\s*$", r"\1(\2) * 1.5\n", code.rstrip() + "\n")
         return Reply(spelled(code, rng), delay=delay, usage=USAGE)
 
 
@@ -170,10 +175,18 @@ def in_flight(served: list[Served]) -> tuple[float, int]:
     return (area / busy if busy else 0.0), peak
 
 
+class _Tee(io.StringIO):
+    """Kept for the tally and passed on to the real stderr, so a run stopped from outside still shows its progress."""
+
+    def write(self, text: str) -> int:
+        sys.__stderr__.write(text)
+        return super().write(text)
+
+
 def run_synth(argv: list[str]) -> tuple[list[dict], str, float]:
     """`metal-accel synth ARGV --json`: the problems' JSON lines, stderr, and the wall time."""
     from metal_accel.cli.main import main
-    out, err = io.StringIO(), io.StringIO()
+    out, err = io.StringIO(), _Tee()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         main(argv)
@@ -194,7 +207,9 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
     conversations = {(r.get("problem"), a.get("model"), a.get("sample")) for r in rows
                      for rec in r.get("synthesis", []) for a in rec.get("attempts", [])}
     mean, peak = in_flight(script.served)
-    return {"problems": len(rows), "accepted": accepted, "answers": len(attempts), "lost_to_format": lost,
+    answered = sum(1 for r in rows if any(rec.get("attempts") for rec in r.get("synthesis", [])))
+    return {"problems": len(rows), "answered": answered, "accepted": accepted, "answers": len(attempts),
+            "lost_to_format": lost,
             "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
             "in_flight_mean": mean, "in_flight_peak": peak,
             "per_kernel_usd": cost / accepted if accepted else float("nan"),
@@ -248,7 +263,7 @@ def main(args: Any) -> int:
     # the LLM's kernels only (no library kernels, no torch.compile), run in process (METAL_ACCEL_TRUST_NATIVE=1:
     # through the kernel server's round trip these kernels are at par with eager on 2 busy cores)
     os.environ.update(METAL_ACCEL_LIBRARY="0", METAL_ACCEL_COMPILE="0", METAL_ACCEL_TRUST_NATIVE="1")
-    rows, kernels = problem_rows(args.limit, args.max_tensor_mb)
+    rows, kernels = problem_rows(args.limit, args.max_tensor_mb, args.backend)
     work = Path(tempfile.mkdtemp(prefix="metal_accel_kb_synth_"))
     jsonl = work / "problems.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -257,29 +272,38 @@ def main(args: Any) -> int:
     rounds, problems_at_once, concurrency = 3, 4, 8
     argv = ["synth", str(jsonl), "--models", ",".join(MODELS), "--samples", "1", "--rounds", str(rounds),
             "--problems", str(problems_at_once), "--concurrency", str(concurrency), "--no-profile", "--json",
-            "--max-cost", "1000"]
+            "--max-cost", "1000", "--backend", args.backend]
+    if args.max_wall:
+        argv += ["--max-wall", f"{args.max_wall:g}"]
     figures: dict[str, dict[str, Any]] = {}
     with ScriptedLLM(script) as server:
         os.environ.update(OPENAI_API_KEY="sk-bench-not-a-key", OPENAI_BASE_URL=server.url + "/v1",
                           ANTHROPIC_API_KEY="sk-bench-not-a-key", ANTHROPIC_BASE_URL=server.url)
-        for mode in ("one machine", "2-node Ray cluster"):
+        modes = ["one machine"] + ([] if args.no_farm else ["2-node Ray cluster"])
+        for mode in modes:
             script.served.clear()
             script.drawn.clear()
             _fresh_caches(mode.split()[0])
             if mode == "one machine":
                 out, err, wall = run_synth(argv)
             else:
-                out, err, wall = _on_cluster(argv + ["--bundle", str(work / "farm.tar.gz")], device_kind("cpu"))
+                out, err, wall = _on_cluster(argv + ["--bundle", str(work / "farm.tar.gz")], device_kind(args.backend))
             figures[mode] = tally(out, wall, script)
             figures[mode]["tail"] = err.strip().splitlines()[-3:]
             print(mode, json.dumps(figures[mode]), file=sys.stderr)
+            if not out:  # nothing ran (no SDK, no device, a bad flag): no figures to record
+                print(f"{mode}: metal-accel synth gave no problem results:\n{err.strip()[-3000:]}", file=sys.stderr)
+                return 1
     body = render(figures, rows, args, rounds, problems_at_once, concurrency)
     print(body)
     if not args.no_write:
         from results import from_markdown, record, today
-        record("synth_e2e", f"kernelbench_{today()}",
-               f"python benchmarks/synth_e2e.py --kernelbench --limit {args.limit} --answer-s {args.answer_s:g} "
-               f"--time-scale {args.time_scale:g}", from_markdown(body))
+        on = "" if args.backend == "cpu" else f"{args.backend}_"
+        record("synth_e2e", f"kernelbench_{on}{today()}",
+               f"python benchmarks/synth_e2e.py --kernelbench --backend {args.backend} --limit {args.limit} "
+               f"--answer-s {args.answer_s:g} --time-scale {args.time_scale:g} --max-tensor-mb {args.max_tensor_mb:g}"
+               + (" --no-farm" if args.no_farm else "") + (f" --max-wall {args.max_wall:g}" if args.max_wall else ""),
+               from_markdown(body))
     return 0
 
 
@@ -294,19 +318,25 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
                      f"{f['lost_to_format'] - f['drawn'].get('no code block', 0)} of {f['answers']} | "
                      f"{f['wall_s']:.0f} |")
     one = figures["one machine"]
+    levels = sorted({r["level"] for r in rows})
+    which = (f"KernelBench level-{levels[0]}" if len(levels) == 1 else
+             "KernelBench (levels " + ", ".join(map(str, levels)) + ")")
     mix = ", ".join(f"{k} {100 * v:.0f}%" for k, v in FAILURE_MIX.items())
     outcomes = "; ".join(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in sorted(f["outcomes"].items()))
                          for mode, f in figures.items())
     names = ", ".join(r["name"] for r in rows)
     return "\n".join(lines) + "\n\n" + "\n".join([
-        f"- {len(rows)} KernelBench level-1 problems (with a CPU kernel in benchmarks/candidates/cpu, multi-pass ones first, of "
+        f"- {len(rows)} {which} problems (with a {args.backend} kernel in benchmarks/candidates/{args.backend}"
+        + (", multi-pass ones first" if args.backend == "cpu" else ", by level and id") + ", of "
         f"../shared/kernelbench/problems.jsonl; batch_size halved until no tensor exceeds {args.max_tensor_mb:g} MB): "
-        f"{names}. A subset: 185 problems with real proofs take hours on 2 cores, and only 15 have a scripted kernel.",
+        f"{names}." + (" A subset: 185 problems with real proofs take hours on 2 cores, and only 15 have a scripted "
+                       "kernel." if args.backend == "cpu" else ""),
         f"- Models {', '.join(MODELS)} (1 conversation each per problem, up to {rounds} repairs and the speed "
         f"rounds), {at_once} problems in flight, {concurrency} requests in flight at most per machine (per farm "
         "worker on the cluster); prompts without the profiler breakdown (--no-profile); the kernel library and "
-        "torch.compile candidates off, so every kernel is the scripted model's; CPU kernels run in process "
-        "(METAL_ACCEL_TRUST_NATIVE=1), not through the kernel server.",
+        "torch.compile candidates off, so every kernel is the scripted model's"
+        + ("; CPU kernels run in process (METAL_ACCEL_TRUST_NATIVE=1), not through the kernel server."
+           if args.backend == "cpu" else "."),
         f"- Answer latency: {args.answer_s:g} s +-50% (the minute or two a frontier reasoning model takes for a "
         f"kernel of several thousand tokens: an assumption, not a published figure), run {1 / args.time_scale:g}x "
         f"faster ({args.answer_s * args.time_scale:g} s) so the run takes minutes: problems per hour are those of "
@@ -320,10 +350,12 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         f"synth/budget.py) for {USAGE[0]} tokens in and {USAGE[1]} out per answer.",
         "- Answers lost to format errors: answers that held a usable kernel but were read as malformed, empty or "
         "truncated (the answers with no code block at all, drawn from the mix, are not counted). Target: none.",
-        f"- Outcomes of the answers: {outcomes}.",
-        "- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each advertising "
-        "the same device kind, so the problems are split between them; they share this machine's 2 cores, so "
-        "the figure is the farm's overhead and overlap, not a scale-out.",
+        f"- Outcomes of the answers: {outcomes}. Problems with at least one answer: " + "; ".join(
+            f"{mode}: {f['answered']} of {f['problems']}" for mode, f in figures.items()) + ".",
+        ("- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each advertising "
+         "the same device kind, so the problems are split between them; they share this machine's 2 cores, so "
+         "the figure is the farm's overhead and overlap, not a scale-out." if "2-node Ray cluster" in figures else
+         "- No Ray cluster in this run (--no-farm: Ray is not installed on this machine)."),
         f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one machine "
         f"(building the prompt, compiling, proving, timing; one problem at a time on the device), conversations "
         f"of {one['answers_per_conversation']:.1f} answers on average. At the uncompressed {args.answer_s:g} s per "
