@@ -9,7 +9,8 @@ shape: each new call signature is traced, matched and its kernel proven here bef
 forward is invisible to TorchScript (torch.jit.script compiles the original: _script_transparent) and
 steps aside under torch.jit.trace, torch.compile and in training mode.
 The patched forward costs a shape check per call; calls whose first tensor's shape appears in no
-cache entry go straight to the original. Others get a per-instance Dispatcher that resolves each
+cache entry go straight to the original, and an instance whose calls have all resolved to eager for a while
+(SETTLE_CALLS in a row, no new signature) gets its own forward back and costs nothing more. Others get a per-instance Dispatcher that resolves each
 new input signature once: a cached kernel proven in this environment is installed; one proven
 elsewhere is proven here first (METAL_ACCEL_REVALIDATE=first-use, the default) or skipped
 (=optimize: only metal_accel.optimize() proves kernels).
@@ -253,8 +254,21 @@ def _script_transparent(fn: Callable[..., Any], original: Callable[..., Any]) ->
 def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatcher:
     disp = Dispatcher(module, original.__get__(module, type(module)))
     disp.resolver = lambda args, kwargs: _resolve(module, args, kwargs, disp)
+    disp.on_settled = lambda: _settle(module, disp)
     module.__dict__[_AUTO_ATTR] = disp
     return disp
+
+
+def _settle(module: nn.Module, disp: Dispatcher) -> None:
+    """MODULE's calls keep coming with signatures already resolved to eager, and no kernel serves any: its own
+    forward goes back on the instance (shadowing the patched class forward), so it costs nothing from now on.
+    The price: a later call of a new shape on this instance runs eager without a lookup (optimize() still
+    decides it). Not where a dispatcher of optimize() or another forward is already on the instance."""
+    if "forward" in module.__dict__ or disp.table:
+        return
+    module.__dict__["forward"] = disp.original
+    log.debug("metal_accel: %s: every call runs eager here; its own forward is back on the instance",
+              type(module).__name__)
 
 
 def _library_only_without_kernel(module: nn.Module, args: tuple) -> bool:

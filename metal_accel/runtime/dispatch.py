@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 _tracing_state = torch._C._get_tracing_state
 _bypass_depth = 0
 _UNRESOLVED = object()
+SETTLE_CALLS = 16  # calls in a row of signatures already resolved to eager before a lazy dispatcher settles
 bypass = False  # _bypass_depth > 0; a bool so torch.compile guards see one value at any depth
 
 
@@ -66,6 +67,10 @@ class Dispatcher:
         # Auto-instrumentation resolves signatures lazily: asked once per new signature, answer kept.
         self.resolver: Callable[[tuple, dict], KernelOp | None] | None = None
         self._resolved: dict[tuple, KernelOp | None] = {}
+        # called once SETTLE_CALLS calls in a row were of signatures already resolved to eager, with no kernel in
+        # the table: auto-instrumentation then gives the module its own forward back (hook.py)
+        self.on_settled: Callable[[], None] | None = None
+        self._quiet_calls = 0
         # every call, whatever its signature (a model compiled whole, proven on the application's own workload)
         self.fallback: Callable[[tuple, dict, list], Any] | None = None
         self._first_shapes: frozenset | None = frozenset()  # None: no cheap pre-check possible
@@ -105,9 +110,15 @@ class Dispatcher:
             return self.table.get(sig)
         op = self._resolved.get(sig, _UNRESOLVED)  # one hash of the signature on the hot path
         if op is _UNRESOLVED:
+            self._quiet_calls = 0
             op = self._resolved[sig] = self.resolver(args, kwargs)
             if op is not None:
                 self.table[sig] = op
+        elif op is None and self.on_settled is not None and not self.table:
+            self._quiet_calls += 1
+            if self._quiet_calls >= SETTLE_CALLS:
+                settled, self.on_settled = self.on_settled, None
+                settled()
         return op
 
     def _traced_op(self, args: tuple, kwargs: dict) -> KernelOp | None:
