@@ -39,7 +39,7 @@ modules, so its ratio to eager is the noise of timing a module against itself. "
 comes from; the history at the end says what each run was for.
 """
 DETAILS = (("library", "Kernel library: the shipped kernels against eager (issue 29)"),
-           ("synth_e2e", "Synthesis end to end (scripted LLM server, CPU backend)"),
+           ("synth_e2e", "Synthesis end to end (scripted LLM server)"),
            ("cpu_blocks", "CPU: shipped kernels and the quickstart model"),
            ("cpu_bandwidth", "CPU: memory-bound kernels against a plain read"),
            ("trust_cost", "What the trust hardening costs (issue 25, CPU)"),
