@@ -15,7 +15,6 @@ from ..core import config
 from ..core.candidate import Candidate, parse_candidate
 from ..core.keys import class_path, class_source_sha, entry_key, generic_key, module_fingerprint
 from ..core.provider import Evaluation, SynthesisRequest
-from ..core.verdict import Verdict
 from ..core.specs import InputSpec, OutputSpec, UnsupportedCall
 from ..library.provider import LibraryProvider
 from ..runtime.dispatch import eager_forward, eager_only
@@ -73,7 +72,7 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     if verdict is not None:
         if not (verdict.accepted and verdict.candidate_digest == cand.digest):
             return None
-        if not direct_launch_won(verdict):
+        if not direct_launch_won(verdict.details):
             log.info("metal_accel: %s %s: cached kernel %s won only replayed as a CUDA graph; running eager (only "
                      "optimize(), which times the whole model, installs graph launches)", class_path(type(module)),
                      spec.describe(), key[:12])
@@ -92,15 +91,15 @@ def kernel_for_call(module: nn.Module, args: tuple, kwargs: dict, *, prove_here:
     return ev.op if ev.verdict.accepted else None  # type: ignore[return-value]
 
 
-def direct_launch_won(verdict: Verdict) -> bool:
-    """Whether the kernel of an accepted VERDICT won the speed gate launched directly. A win that only its
-    replay as a CUDA graph gave is a host launch time saved for one call timed alone; inside a running model
-    the GPU's queue hides launches while each replay adds its own host time and copies (a BERT-large on an
-    H100 in bf16 ran at 0.70x eager with its two residual LayerNorms replayed). Without optimize()'s
+def direct_launch_won(details: dict) -> bool:
+    """Whether the kernel of an accepted verdict (its DETAILS) won the speed gate launched directly. A win that
+    only its replay as a CUDA graph gave is a host launch time saved for one call timed alone; inside a running
+    model the GPU's queue hides launches while each replay adds its own host time and copies (a BERT-large on
+    an H100 in bf16 ran at 0.70x eager with its two residual LayerNorms replayed). Without optimize()'s
     end-to-end check, auto-instrumentation runs such a kernel neither way."""
-    if verdict.details.get("launch") != "cuda-graph":
+    if details.get("launch") != "cuda-graph":
         return True
-    return bool((verdict.details.get("direct_bench") or {}).get("accepted"))
+    return bool((details.get("direct_bench") or {}).get("accepted"))
 
 
 def _prove_here(module: nn.Module, args: tuple, kwargs: dict, spec: InputSpec, output_spec: OutputSpec, key: str,

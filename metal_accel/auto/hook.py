@@ -9,11 +9,12 @@ shape: each new call signature is traced, matched and its kernel proven here bef
 forward is invisible to TorchScript (torch.jit.script compiles the original: _script_transparent) and
 steps aside under torch.jit.trace, torch.compile and in training mode.
 The patched forward costs a shape check per call; calls whose first tensor's shape appears in no
-cache entry go straight to the original, and an instance whose calls have all resolved to eager for a while
-(SETTLE_CALLS in a row, no new signature) gets its own forward back and costs nothing more. Others get a per-instance Dispatcher that resolves each
-new input signature once: a cached kernel proven in this environment is installed; one proven
-elsewhere is proven here first (METAL_ACCEL_REVALIDATE=first-use, the default) or skipped
-(=optimize: only metal_accel.optimize() proves kernels).
+cache entry go straight to the original. Others get a per-instance Dispatcher that resolves each
+new input signature once: a cached kernel proven in this environment is installed (launched directly:
+a win only its CUDA-graph replay gave is left to optimize()); one proven elsewhere is proven here first
+(METAL_ACCEL_REVALIDATE=first-use, the default) or skipped (=optimize: only metal_accel.optimize() proves
+kernels). An instance whose calls have all resolved to eager SETTLE_CALLS times in a row gets its own
+forward back and costs nothing more.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from ..runtime.ops import KernelOp, _is_compiling
 from ..library.known import known_classes
 from ..library.provider import kernel_file
 from ..store.cache import all_caches, read_index, sealed_verdict
-from .autoload import kernel_for_call
+from .autoload import direct_launch_won, kernel_for_call
 
 log = logging.getLogger(__name__)
 _AUTO_ATTR = "_metal_accel_auto"
@@ -140,9 +141,7 @@ def _runs_here(path: Path, env_id: str, first_use: bool, vouched: bool = False) 
     except (OSError, ValueError, AttributeError, TypeError):
         return False
     if env_id in verdicts and (vouched or sealed_verdict(data, env_id)):
-        details = verdicts[env_id].get("details") or {}
-        graph_only = details.get("launch") == "cuda-graph" and not (details.get("direct_bench") or {}).get("accepted")
-        return env_id in accepted and not graph_only  # autoload.direct_launch_won: a graph replay's win is not used
+        return env_id in accepted and direct_launch_won(verdicts[env_id].get("details") or {})
     return first_use and bool(accepted)
 
 
