@@ -17,6 +17,10 @@ from toymodels import CHAIN_HOST, Net, chain_candidate
 # server on a busy 2-core machine the toy Chain can lose its gate (or the end-to-end check), so a kernel that is
 # proven correct is installed whatever its speed.
 ANY_SPEED = {"margin": -0.9, "end_to_end": False}
+# The optimized model against eager where a proven float32 kernel ran: the fused chain rounds differently from eager's
+# op-by-op code (on a 2-core AMD EPYC, 2 of 1024 outputs of the good Chain kernel were 3e-5 apart, 8e-5 relative,
+# after the Linear that follows it); a payload that changed results would miss by far more
+SAME_RESULT = {"rtol": 1e-4, "atol": 1e-4}
 
 
 def candidate_dir(tmp_path: Path, text: str, cls: str = "Chain", backend: str = "cpu") -> str:
@@ -47,7 +51,7 @@ def run_attack(tmp_path: Path, text: str, **optimize_kwargs) -> metal_accel.Modu
     metal_accel.optimize(model, (x,), providers=[candidate_dir(tmp_path, text)], **optimize_kwargs)
     with torch.inference_mode():
         for _ in range(2):
-            torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model(x), ref, **SAME_RESULT)
     return next(m for m in metal_accel.explain(model).modules if m.name == "chain")
 
 

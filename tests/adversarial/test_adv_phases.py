@@ -18,7 +18,7 @@ from metal_accel.proof.testdata import PAD, ROW_KINDS, STRUCTURED, make_inputs
 from metal_accel.proof.trial_buffers import FILLS, next_fill
 from metal_accel.proof.validate import run_trial, trial_plan, validate
 
-from harness import candidate_dir, kernel_with
+from harness import SAME_RESULT, candidate_dir, kernel_with
 from toymodels import _CHAIN_BODY, CHAIN_HOST, Net, chain_candidate
 
 SENTINEL = (0.5, 0.25)  # the caller's example input starts with these; no random trial ever does
@@ -38,7 +38,7 @@ def attack(tmp_path: Path, text: str, x: torch.Tensor | None = None) -> metal_ac
         assert torch.equal(a, b), f"optimize() changed {name}"
     with torch.inference_mode():
         for _ in range(2):
-            torch.testing.assert_close(model(x), before(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model(x), before(x), **SAME_RESULT)
     return next(m for m in metal_accel.explain(model).modules if m.name == "chain")
 
 

@@ -19,7 +19,7 @@ from metal_accel.core import config
 from metal_accel.sandbox import confine
 from metal_accel.proof import worker
 
-from harness import ANY_SPEED, candidate_dir, kernel_with
+from harness import ANY_SPEED, SAME_RESULT, candidate_dir, kernel_with
 from toymodels import Net
 from limits import HANG_S
 
@@ -132,7 +132,7 @@ def test_kernel_hanging_only_on_the_callers_values_times_out_in_the_soak(tmp_pat
 def test_good_kernel_passes_the_soak(tmp_path):
     rep, out, ref = optimize_chain(tmp_path, kernel_with(), **ANY_SPEED)
     assert rep.status == "kernel", rep.reason
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, **SAME_RESULT)
 
 
 def test_rejected_kernel_is_never_loaded_in_the_users_process(tmp_path):
