@@ -19,11 +19,11 @@ inline float erfc_fit(float z) {
 }
 
 // act 0: silu x / (1 + exp(-x)); 1: gelu tanh 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
-// 2: gelu 0.5 x erfc(-x / sqrt(2)), NaN for +-Inf as eager on the CPU.
+// 2: gelu 0.5 x erfc(-x / sqrt(2)), +Inf at +Inf and NaN at -Inf as float64 gives.
 inline float activate(float x, uint act) {
     if (act == 0) return x / (1.0f + exp(-x));
     if (act == 1) return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    return isinf(x) ? NAN : 0.5f * x * erfc_fit(-x * M_SQRT1_2_F);
+    return isinf(x) ? (x > 0.0f ? x : NAN) : 0.5f * x * erfc_fit(-x * M_SQRT1_2_F);
 }
 
 template <typename T>

@@ -18,11 +18,11 @@ inline float erfc_fit(float z) {
     return z >= 0.0f ? r : 2.0f - r;
 }
 
-// approx 0: 0.5 x erfc(-x / sqrt(2)), NaN for +-Inf as eager on the CPU; 1: 0.5 x (1 + tanh(sqrt(2/pi) (x +
+// approx 0: 0.5 x erfc(-x / sqrt(2)), +Inf at +Inf and NaN at -Inf as float64 gives; 1: 0.5 x (1 + tanh(sqrt(2/pi) (x +
 // 0.044715 x^3))).
 inline float gelu1(float x, uint approx) {
     if (approx != 0) return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
-    return isinf(x) ? NAN : 0.5f * x * erfc_fit(-x * M_SQRT1_2_F);
+    return isinf(x) ? (x > 0.0f ? x : NAN) : 0.5f * x * erfc_fit(-x * M_SQRT1_2_F);
 }
 
 // y = gelu(x) over n elements (y may be x: each element is read and written by one thread): thread i < n / 4
