@@ -106,8 +106,8 @@ def test_a_request_waits_for_budget_held_by_another_module(llm):
     settings = FAST.with_(samples=2, repair_rounds=3, speed_rounds=0, concurrency=4,
                           run_limits=Limits(cost_usd=0.22))
     loop = SynthesisLoop(["openai:gpt-4o"], settings)
-    synthesize_at_once(loop, [request_for(Double()), request_for(Triple())], Watch())
-    assert [r.stop_reason for r in loop.records] == ["", ""]
+    results = synthesize_at_once(loop, [request_for(Double()), request_for(Triple())], Watch())
+    assert [r.stop_reason for r in loop.records] == ["", ""], results
     assert loop.run_meter.requests == 16 and loop.run_meter.reserved_cost < 1e-9
 
 
@@ -137,8 +137,8 @@ def test_requests_in_flight_never_exceed_the_bound_over_modules(llm):
 
     llm(script)
     loop = SynthesisLoop(["openai:gpt-4o"], FAST.with_(samples=2, repair_rounds=1, speed_rounds=0, concurrency=3))
-    synthesize_at_once(loop, [request_for(Double()), request_for(Triple())], Watch())
-    assert loop.run_meter.requests == 8 and active["most"] <= 3
+    results = synthesize_at_once(loop, [request_for(Double()), request_for(Triple())], Watch())
+    assert loop.run_meter.requests == 8 and active["most"] <= 3, (results, [r.summary() for r in loop.records])
 
 
 def test_interrupt_stops_every_module_in_flight(llm):

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import pyast
 from .errors import CacheError, CandidateFormatError
 
 KINDS = ("kernel", "inductor", "cuda-graph")
@@ -63,7 +64,7 @@ def declared_constant(code: str, name: str) -> Any:
     """The literal value of CODE's top-level `NAME = ...` (the last such assignment, as Python would leave it);
     None when there is none, it is no literal, or CODE is not Python."""
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except (SyntaxError, ValueError):
         return None
     found = None
@@ -89,7 +90,7 @@ def parse_candidate(text: str, backend: str, origin: str = "") -> Candidate:
     """
     code = extract_code(text)
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError as exc:
         raise CandidateFormatError(f"host code is not valid Python: line {exc.lineno}: {exc.msg}") from None
     source = None

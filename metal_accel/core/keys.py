@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import sys
 import types
@@ -11,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from . import pyast
 from .specs import InputSpec, TensorSpec, UnsupportedCall, dtype_name
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -32,7 +32,7 @@ def class_source(cls: type) -> str:
     Raises UnsupportedCall when the source is not available (built-in or dynamically created classes).
     """
     try:
-        parts = [inspect.getsource(cls)]
+        parts = [pyast.getsource(cls)]
     except (OSError, TypeError) as exc:
         raise UnsupportedCall(f"no source for {class_path(cls)}: {exc}") from None
     module_globals = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
@@ -50,12 +50,12 @@ def class_source(cls: type) -> str:
                     continue
                 seen.add(name)
                 try:
-                    parts.append(inspect.getsource(fn))
+                    parts.append(pyast.getsource(fn))
                 except (OSError, TypeError):
                     parts.append(f"<no source: {name}>")
         if klass is not cls and klass.__module__ != "torch.nn.modules.module":
             try:
-                parts.append(inspect.getsource(klass))
+                parts.append(pyast.getsource(klass))
             except (OSError, TypeError):
                 pass
     return "\n".join(parts)

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..backends.base import Backend
 from ..core import config as settings
+from ..core import pyast
 from ..report import ModuleReport
 from ..runtime import dispatch
 from . import routing
@@ -52,7 +53,7 @@ def original(name: str) -> Callable[..., Any]:
 
 def _source_sha(fn: Callable[..., Any]) -> str:
     try:
-        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+        return hashlib.sha256(pyast.getsource(fn).encode()).hexdigest()[:16]
     except (OSError, TypeError):
         return ""
 

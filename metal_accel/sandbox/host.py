@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..core import pyast
 from ..proof.trial_buffers import proof_allocation, proof_initialized
 from .host_check import check_host_code, parse_and_check, strip_annotations
 from .host_rules import (
@@ -91,7 +92,7 @@ def load_forward(candidate_code: str, lib: Any, *, proof: bool = False, poison: 
     prepare(module) gets a PreparedForward: the same call, with prepare's tensors made once per module state."""
     tree = strip_annotations(parse_and_check(candidate_code))
     ns = build_namespace(lib, proof=proof or poison)
-    exec(compile(tree, "<candidate>", "exec"), ns)  # checked code, restricted globals
+    exec(pyast.compile_tree(tree, "<candidate>"), ns)  # checked code, restricted globals
     if "prepare" in ns:
         return PreparedForward(ns["forward"], ns["prepare"], proof=proof or poison)
     return ns["forward"]

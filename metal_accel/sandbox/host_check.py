@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 
+from ..core import pyast
 from ..core.errors import SandboxError
 from .host_inplace import Freshness, check_call, check_store
 from .host_rules import (
@@ -362,7 +363,7 @@ def check_host_code(code: str) -> None:
 def parse_and_check(code: str) -> ast.Module:
     """The parsed block, once it passed the check (SandboxError otherwise)."""
     try:
-        tree = ast.parse(code, "<candidate>")
+        tree = pyast.parse(code, "<candidate>")
     except SyntaxError as exc:
         raise SandboxError("syntax error", exc.lineno, str(exc.msg)) from None
     except (RecursionError, MemoryError, ValueError) as exc:

@@ -19,6 +19,7 @@ import operator
 import re
 from dataclasses import dataclass, field
 
+from ...core import pyast
 from ...core.errors import CompileError
 from .msl_lexer import Tokens
 
@@ -222,7 +223,7 @@ def int_expr(text: str) -> int | None:
     """The value of an integer constant expression of literals and + - * / % << >> (None if it is not one)."""
     text = re.sub(r"(\d+)[uUlL]+\b", r"\1", text.replace(" ", ""))
     try:
-        node = ast.parse(text, mode="eval").body
+        node = pyast.parse(text, mode="eval").body
     except SyntaxError:
         return None
 
