@@ -186,6 +186,36 @@ def test_optimize_routes_the_models_rotary_calls_and_restore_puts_the_function_b
     assert modeling_llama.apply_rotary_pos_emb is function
 
 
+def test_functions_of_another_form_are_never_routed(library_on):
+    # GPT-J's apply_rotary_pos_emb(tensor, sin, cos) rotates one tensor: a router in its place crashed the model
+    from transformers.models.gptj import modeling_gptj
+    assert rotary.hf_form(modeling_llama.apply_rotary_pos_emb)
+    assert not rotary.hf_form(modeling_gptj.apply_rotary_pos_emb)
+    assert not rotary.hf_form(lambda q, k, cos, sin: (q, k))  # no unsqueeze_dim: not HF's
+    assert not rotary.hf_form(lambda q, k, cos, sin, extra, unsqueeze_dim=1: (q, k))  # a fifth required one
+    cfg = transformers.GPTJConfig(n_embd=64, n_layer=1, n_head=4, rotary_dim=8, vocab_size=128, n_positions=64)
+    model = transformers.GPTJForCausalLM(cfg).eval()
+    before = modeling_gptj.apply_rotary_pos_emb
+    assert rotary.attach(model, get_backend("cpu")) == ""
+    assert modeling_gptj.apply_rotary_pos_emb is before
+
+
+def test_the_router_calls_the_function_as_the_model_called_it(monkeypatch: pytest.MonkeyPatch):
+    seen = []
+
+    def own(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        seen.append((position_ids, unsqueeze_dim))
+        return q, k
+
+    monkeypatch.setattr(rotary, "original", lambda name: own)
+    router = rotary.RotaryRouter("m.apply_rotary_pos_emb", get_backend("cpu"))
+    q, k, c, s = hf_inputs()
+    router(q, k, c, s, None, 2)  # positional extras: the function's
+    router(q=q, k=k, cos=c, sin=s)  # by name: the function's
+    router(q, k, c.unsqueeze(1), s.unsqueeze(1), unsqueeze_dim=2)  # no kernel serves it
+    assert seen == [(None, 2), (None, 1), (None, 2)] and not router.routes
+
+
 def test_the_library_off_leaves_the_function_alone(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("METAL_ACCEL_LIBRARY", "0")
     model = tiny_llama()

@@ -118,12 +118,14 @@ class RotaryRouter:
         self.hits = 0
         self._lock = threading.Lock()
 
-    def __call__(self, q: Any, k: Any, cos: Any, sin: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = original(self.function)
-        if args or set(kwargs) - {"unsqueeze_dim"}:  # an older signature (position_ids) or anything else
-            return fn(q, k, cos, sin, *args, **kwargs)
-        unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
-        sig = signature(q, k, cos, sin, unsqueeze_dim)
+        # HF's form only: (q, k, cos, sin) and at most unsqueeze_dim by name; an older signature (position_ids),
+        # arguments by name or anything else is the function's, called exactly as the model called it
+        if len(args) != 4 or set(kwargs) - {"unsqueeze_dim"}:
+            return fn(*args, **kwargs)
+        q, k, cos, sin = args
+        sig = signature(q, k, cos, sin, kwargs.get("unsqueeze_dim", 1))
         run = None
         if sig is not None:
             run = self.routes[sig] if sig in self.routes else self.decide(q, k, cos, sin, sig)
@@ -136,7 +138,7 @@ class RotaryRouter:
                 log.warning("metal_accel: rotary kernel failed (%s: %s); %s answers from now on",
                             type(exc).__name__, exc, self.function)
                 self.routes[sig] = None
-        return fn(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return fn(*args, **kwargs)
 
     def decide(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sig: tuple) -> Run | None:
         """Prove (or find in the cache) the kernel for this signature; remember the answer."""
@@ -175,9 +177,24 @@ def _modeling_functions(model: nn.Module) -> list[str]:
     for module_name in sorted({type(m).__module__ for m in model.modules()}):
         module = sys.modules.get(module_name)
         fn = getattr(module, FUNCTION, None) if module is not None else None
-        if isinstance(fn, RotaryRouter) or inspect.isfunction(fn):
+        if isinstance(fn, RotaryRouter) or (inspect.isfunction(fn) and hf_form(fn)):
             names.append(f"{module_name}.{FUNCTION}")
     return names
+
+
+def hf_form(fn: Callable[..., Any]) -> bool:
+    """Whether FN takes HF's arguments: four required positional ones (q, k, cos, sin), an `unsqueeze_dim`, and
+    nothing else without a default. Other functions of the same name (GPT-J's `(tensor, sin, cos)`, one rotating
+    a single tensor) are never routed: a router in their place would change how the model calls them."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return (len(required) == 4 and all(p.kind in positional for p in required)
+            and params[:4] == required and any(p.name == "unsqueeze_dim" for p in params))
 
 
 def attach(model: nn.Module, backend: Backend) -> str:
