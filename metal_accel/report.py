@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -71,6 +72,16 @@ class OptimizeReport:
     end_to_end: dict[str, Any] | None = None        # model_choice.EndToEnd.to_dict(): the whole model timed
     stage_s: dict[str, float] = field(default_factory=dict)   # seconds per stage: capture, module decisions, ...
     module_s: dict[str, float] = field(default_factory=dict)  # module decisions' seconds by what was proven
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        # pickled with its model (torch.save(model)), the report is left out: the loaded model runs no kernels
+        return (type(None), ())
+
+    def __deepcopy__(self, memo: dict) -> OptimizeReport:  # a deep-copied model keeps its report
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     @property
     def time_spent(self) -> str:

@@ -252,6 +252,7 @@ def _script_transparent(fn: Callable[..., Any], original: Callable[..., Any]) ->
 
 def _auto_dispatcher(module: nn.Module, original: Callable[..., Any]) -> Dispatcher:
     disp = Dispatcher(module, original.__get__(module, type(module)))
+    disp.auto = True
     disp.resolver = lambda args, kwargs: _resolve(module, args, kwargs, disp)
     disp.on_settled = lambda: _settle(module, disp)
     module.__dict__[_AUTO_ATTR] = disp

@@ -1,6 +1,7 @@
 """The dispatcher that replaces a module's forward: input spec -> kernel op, else the original forward."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
@@ -77,8 +78,12 @@ class Dispatcher:
         self._arities: frozenset[int] = frozenset()
         # kernels are proven with the subtree in eval mode; in training mode it runs eager. The flags watched:
         # the module's own, and those of descendants whose code reads theirs (BatchNorm, Dropout, ...)
-        self._mode_flags = tuple(m.__dict__ for i, m in enumerate(module.modules())
-                                 if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
+        self._mode_modules = tuple(m for i, m in enumerate(module.modules())
+                                   if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
+        self._mode_flags: tuple[dict, ...] | None = None  # their instance dicts, read on first use
+        self.auto = False  # made by auto-instrumentation (a lazy resolver on the module), not by optimize()
+        self._form = self._state_form()  # the dtype and device the ops were proven with (first state tensor)
+        self._form_warned = False
 
     @functools.cached_property
     def __signature__(self) -> inspect.Signature | None:
@@ -91,7 +96,37 @@ class Dispatcher:
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
+        self._form = self._state_form()
         self._table_changed()
+
+    def _state_form(self) -> tuple | None:
+        """(dtype, device) of the module's first state tensor; None for a module without state."""
+        slots = self.layout._slots
+        if not slots:
+            return None
+        store, name = slots[0]
+        t = store.get(name)
+        return None if t is None else (t.dtype, t.device)
+
+    def _moved(self, state: list[torch.Tensor] | None = None) -> bool:
+        """True when the module's state changed dtype or device since its ops were proven (`model.double()`,
+        `.to("cuda")`): a call signature names the inputs only, so the ops would run unproven (a kernel written
+        for float32 on float64 weights, a compiled graph recompiled unchecked). Such calls run eager."""
+        if self._form is None:
+            return False
+        if state:
+            t = state[0]
+            form = (t.dtype, t.device)
+        else:
+            form = self._state_form()
+        if form == self._form:
+            return False
+        if not self._form_warned:
+            self._form_warned = True
+            log.warning("metal_accel: %s: its weights are now %s on %s, not %s on %s as proven: it runs eager "
+                        "(optimize() the model again to prove kernels for it)", self.module_name, form[0] if form
+                        else None, form[1] if form else None, self._form[0], self._form[1])
+        return True
 
     def remove(self, signature: tuple) -> None:
         self.table.pop(signature, None)
@@ -113,6 +148,11 @@ class Dispatcher:
             self._quiet_calls = 0
             op = self._resolved[sig] = self.resolver(args, kwargs)
             if op is not None:
+                form = self._state_form()
+                if form != self._form:  # resolved for weights moved since (model.double()): earlier ops are stale
+                    self.table = {s: o for s, o in self.table.items() if s == sig}
+                    self._resolved = {s: o for s, o in self._resolved.items() if o is None or s == sig}
+                    self._form, self._form_warned = form, False
                 self.table[sig] = op
         elif op is None and self.on_settled is not None and not self.table:
             self._quiet_calls += 1
@@ -135,15 +175,49 @@ class Dispatcher:
 
     def in_training(self) -> bool:
         """True when the module or one of its descendants is in training mode: kernels are for eval only."""
-        for flags in self._mode_flags:  # instance dicts: a third of the cost of attribute lookups
-            if flags["training"]:
+        flags = self._mode_flags
+        if flags is None:  # (again after a deepcopy: the copy's modules have dicts of their own)
+            flags = self._mode_flags = tuple(m.__dict__ for m in self._mode_modules)
+        for f in flags:  # instance dicts: a third of the cost of attribute lookups
+            if f["training"]:
                 return True
         return False
+
+    def __deepcopy__(self, memo: dict) -> Dispatcher | None:
+        """A copied model (`copy.deepcopy`) keeps the kernels, which read the copy's own weights at each call.
+        Ops bound to this very module (its torch.compile, a CUDA graph of its tensors, the whole model compiled)
+        stay behind: the copy would run the original's weights. An auto-instrumentation dispatcher is not copied
+        at all (the copy makes its own at its first call)."""
+        if self.auto:
+            return None
+        new = Dispatcher.__new__(Dispatcher)
+        memo[id(self)] = new
+        bound = {"table", "_resolved", "fallback", "resolver", "on_settled", "_mode_flags", "__signature__"}
+        for key, value in self.__dict__.items():
+            if key not in bound:
+                new.__dict__[key] = copy.deepcopy(value, memo)
+        new.table = {sig: copy.deepcopy(op, memo) for sig, op in self.table.items() if isinstance(op, KernelOp)}
+        new._resolved, new.resolver, new.on_settled, new.fallback = {}, None, None, None
+        new._mode_flags = None
+        new._table_changed()
+        return new
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        """Pickled (`torch.save(model)`), a dispatcher becomes the module's own forward: kernels and compiled
+        graphs belong to this process; optimize() the loaded model again (its cache makes that quick)."""
+        if self.auto:
+            return (type(None), ())
+        original = self.original
+        if inspect.ismethod(original):  # the loaded module's own forward; the file needs no metal_accel to load
+            return (getattr, (original.__self__, original.__func__.__name__))
+        return (_same, (original,))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fallback is not None and not (bypass and self.honor_bypass) and _tracing_state() is None \
                 and not _is_compiling() and not self.in_training() \
                 and (not self.table or self.kernel_for(args, kwargs) is None):  # a signature's own op comes first
+            if self._moved():
+                return self.original(*args, **kwargs)
             self.hits += 1
             return self.fallback(args, kwargs, [])
         if (bypass and self.honor_bypass) or (not self.table and self.resolver is None) \
@@ -176,6 +250,8 @@ class Dispatcher:
 
     def _run_op(self, op: KernelOp, args: tuple, kwargs: dict, count: bool) -> Any:
         state = self.layout.gather()
+        if self._form is not None and self._moved(state):
+            return self.original(*args, **kwargs)
         if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
                                         or any(t.requires_grad for t in input_tensors(args, kwargs))):
             self.grad_calls += 1
@@ -204,6 +280,10 @@ class Dispatcher:
         # forward as a constant, so a counter bumped in the graph would recompile the graph on every call
         if not _is_compiling():
             setattr(self, counter, getattr(self, counter) + 1)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _shape(t: torch.Tensor) -> Any:
