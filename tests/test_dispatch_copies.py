@@ -154,3 +154,28 @@ def test_an_auto_dispatcher_is_not_copied_nor_pickled():
     assert "forward" in module.__dict__ and "forward" not in twin.__dict__
     assert pickle.loads(pickle.dumps(Scale())).__dict__.get(hook._AUTO_ATTR) is None
     assert isinstance(disp, Dispatcher)
+
+
+
+class Counted(nn.Module):
+    """An integer buffer is its first state tensor: `model.double()` leaves it as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(1, dtype=torch.long))
+        self.inner = Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_the_dtype_watched_is_a_floating_tensors():
+    module, x, host = Counted().eval(), torch.randn(4, 8), Calls()
+    assert ModuleLayout(module).tensor_slots[0] == ("", "steps")
+    install(module, call_signature((x,), {}), kernel_op(module, x, lambda m, x: host.host(m.inner, x)))
+    with torch.no_grad():
+        module(x)
+        assert host.n == 1
+        module.double()
+        assert module(x).dtype == torch.float64  # eager: float32 input, float64 weights
+    assert host.n == 1 and module.steps.dtype == torch.long

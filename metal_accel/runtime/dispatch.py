@@ -82,7 +82,8 @@ class Dispatcher:
                                    if "training" in m.__dict__ and (i == 0 or reads_training(type(m))))
         self._mode_flags: tuple[dict, ...] | None = None  # their instance dicts, read on first use
         self.auto = False  # made by auto-instrumentation (a lazy resolver on the module), not by optimize()
-        self._form = self._state_form()  # the dtype and device the ops were proven with (first state tensor)
+        self._form_slot = 0
+        self._form = self._state_form()  # the dtype and device the ops were proven with (first float state tensor)
         self._form_warned = False
 
     @functools.cached_property
@@ -100,13 +101,14 @@ class Dispatcher:
         self._table_changed()
 
     def _state_form(self) -> tuple | None:
-        """(dtype, device) of the module's first state tensor; None for a module without state."""
-        slots = self.layout._slots
-        if not slots:
-            return None
-        store, name = slots[0]
-        t = store.get(name)
-        return None if t is None else (t.dtype, t.device)
+        """(dtype, device) of the module's first floating-point state tensor (an integer buffer keeps its dtype
+        through `model.double()`), remembering which it is; None for a module without one."""
+        for i, (store, name) in enumerate(self.layout._slots):
+            t = store.get(name)
+            if t is not None and t.is_floating_point():
+                self._form_slot = i
+                return (t.dtype, t.device)
+        return None
 
     def _moved(self, state: list[torch.Tensor] | None = None) -> bool:
         """True when the module's state changed dtype or device since its ops were proven (`model.double()`,
@@ -114,11 +116,13 @@ class Dispatcher:
         for float32 on float64 weights, a compiled graph recompiled unchecked). Such calls run eager."""
         if self._form is None:
             return False
-        if state:
-            t = state[0]
-            form = (t.dtype, t.device)
+        slot = self._form_slot
+        if state is None:
+            store, name = self.layout._slots[slot]
+            t = store.get(name)
         else:
-            form = self._state_form()
+            t = state[slot]
+        form = None if t is None else (t.dtype, t.device)
         if form == self._form:
             return False
         if not self._form_warned:
