@@ -179,3 +179,25 @@ def test_the_dtype_watched_is_a_floating_tensors():
         module.double()
         assert module(x).dtype == torch.float64  # eager: float32 input, float64 weights
     assert host.n == 1 and module.steps.dtype == torch.long
+
+
+def _renamed(self, x):
+    return x * self.weight
+
+
+class Renamed(nn.Module):
+    """Its forward is a function of another name."""
+
+    forward = _renamed
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8))
+
+
+def test_a_forward_of_another_name_loads_too():
+    module, x, host = Renamed().eval(), torch.randn(4, 8), Calls()
+    install(module, call_signature((x,), {}), kernel_op(module, x, host.host))
+    loaded = pickle.loads(pickle.dumps(module))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), x * module.weight)

@@ -212,8 +212,9 @@ class Dispatcher:
         if self.auto:
             return (type(None), ())
         original = self.original
-        if inspect.ismethod(original):  # the loaded module's own forward; the file needs no metal_accel to load
-            return (getattr, (original.__self__, original.__func__.__name__))
+        if inspect.ismethod(original) and isinstance(original.__self__, nn.Module):
+            # the loaded module's class forward (whatever its function is named); no metal_accel needed to load
+            return (getattr, (original.__self__, "forward"))
         return (_same, (original,))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
