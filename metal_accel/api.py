@@ -22,13 +22,14 @@ from .core import config
 from .core.candidate import Candidate
 from .core.config import Settings
 from .core.errors import MetalAccelError
+from .core.keys import class_path
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
 from .library import hf_attention, rotary
-from .model_choice import WHOLE, apply_verdict, prove_end_to_end
+from .model_choice import EVERYWHERE, WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
-from .report import MODULES, OptimizeReport, clock
+from .report import MODULES, ModuleReport, OptimizeReport, clock
 from .runtime.capture import ModuleCall, capture
 from .runtime.dispatch import dispatcher_of, uninstall
 from .runtime.model_state import StateGuard
@@ -130,20 +131,18 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     plan.set_model(model)
     report = OptimizeReport(be.name, be.environment().device_name, stage_s={"capture": captured_s},
                             module_s=plan.stage_s)
-    with clock(report.stage_s, MODULES):
-        for i, call in enumerate(tqdm(calls, desc="metal_accel", unit="module",
-                                      disable=None if progress is None else not progress, leave=False)):
-            rep = plan.process(call)
-            report.modules.append(rep)
-            # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
-            log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", i + 1, len(calls), rep.name,
-                     rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
-                     rep.elapsed_s)
-    proving = sum(plan.stage_s.values())
-    plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
+    now_calls, later = calls, []
+    if workload is not None and now.compile and now.end_to_end and be.measures_speed and supports_compile(be):
+        # the workload's own signatures (decode steps) are decided only if the model compiled whole does not
+        # take every call of the workload (model_choice.prove_end_to_end): on decoder LMs it always has
+        later = [c for c in calls if c.from_workload and c.replaceable]
+        now_calls = [c for c in calls if not any(c is d for d in later)]
+    _decide(plan, report, now_calls, progress, len(calls))
+    decide_later = _Deferred(plan, report, later, progress, len(calls))
     with clock(report.stage_s, "attention kernels"):
         report.notes += _attach_routed(model, be, strict)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
+        decide_later()
         return report
     kwargs = dict(example_kwargs or {})
     choices = [(r.name, r.status, r.key) for r in report.modules if r.status != "eager"]
@@ -151,6 +150,10 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                                     workload=getattr(workload, "__qualname__", "workload") if workload else "")
     cached = model_verdicts.get(be.name, mkey, be.environment()) if mkey else None
     if cached is not None:
+        if (cached.end_to_end.get("workload") or {}).get("outcome") != EVERYWHERE:
+            decide_later()
+        else:
+            decide_later.leave(f"{WHOLE} takes every call of the workload (model-level verdict)")
         with clock(report.stage_s, "end-to-end choice (cached verdict)"):
             e2e = apply_verdict(model, args, kwargs, report, cached.outcome, cached.dropped, cached.end_to_end,
                                 lambda: whole_model_op(model, bool(cached.end_to_end.get("whole_with_kernels"))))
@@ -177,22 +180,78 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                  "proven" if with_kernels is not None else why_not, time.perf_counter() - t0)
         if why_not:
             report.notes.append(redact(f"{WHOLE} with our kernels inside not used: {why_not}"))
+    if whole is None:
+        decide_later()  # no model-level candidate can take the workload's calls
     if _composes(model, report) or whole is not None:
         try:
             with clock(report.stage_s, "end-to-end check"):
                 e2e = prove_end_to_end(model, args, kwargs, report, be.synchronize,
                                        budget_s=max(1.0, 2 * now.bench_budget_s), whole=whole, workload=workload,
-                                       whole_with_kernels=with_kernels, fresh_whole=lambda: whole_model_op(model))
+                                       whole_with_kernels=with_kernels, fresh_whole=lambda: whole_model_op(model),
+                                       decide_later=decide_later if decide_later.pending else None)
             report.end_to_end = e2e.to_dict() if e2e is not None else None
+            if decide_later.elapsed_s:  # decisions made inside the stage are the module decisions' time
+                report.stage_s["end-to-end check"] -= decide_later.elapsed_s
         except Exception as exc:  # the choices stay as proven one by one; the report says why
             if strict:
                 raise
             report.notes.append(redact(f"end-to-end check not done: {type(exc).__name__}: {exc}"))
+            decide_later()
             return report
+        if e2e is not None and (e2e.workload or {}).get("outcome") == EVERYWHERE:
+            decide_later.leave(f"{WHOLE} takes every call of the workload (decided end to end)")
         if e2e is not None and mkey:
             model_verdicts.put(be.name, mkey, be.environment(),
                                model_verdicts.ModelVerdict(e2e.outcome, list(e2e.dropped), e2e.to_dict()))
+    decide_later()  # none are left where the end-to-end stage needed them
     return report
+
+
+def _decide(plan: Pipeline, report: OptimizeReport, calls: Sequence[ModuleCall], progress: bool | None,
+            total: int) -> None:
+    """Each of CALLS decided by PLAN, its report appended, with progress on a terminal and in the log."""
+    with clock(report.stage_s, MODULES):
+        for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress,
+                         leave=False):
+            rep = plan.process(call)
+            report.modules.append(rep)
+            # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
+            log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", len(report.modules), total, rep.name,
+                     rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
+                     rep.elapsed_s)
+    proving = sum(plan.stage_s.values())
+    plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
+
+
+@dataclass
+class _Deferred:
+    """The workload's own calls (decode steps), decided when first needed: calling it decides them (once);
+    `leave(why)` reports them undecided instead, because the model compiled whole runs them."""
+
+    plan: Pipeline
+    report: OptimizeReport
+    calls: list[ModuleCall]
+    progress: bool | None
+    total: int
+    elapsed_s: float = 0.0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.calls)
+
+    def __call__(self) -> None:
+        calls, self.calls = self.calls, []
+        if calls:
+            t0 = time.perf_counter()
+            _decide(self.plan, self.report, calls, self.progress, self.total)
+            self.elapsed_s += time.perf_counter() - t0
+
+    def leave(self, why: str) -> None:
+        calls, self.calls = self.calls, []
+        for call in calls:
+            self.report.modules.append(ModuleReport(
+                call.name, class_path(type(call.module)), call.spec.describe() if call.spec else "?", "eager",
+                f"not decided alone: {why}", calls=call.calls, eager_us=call.eager_s / max(call.calls, 1) * 1e6))
 
 
 def _attach_routed(model: nn.Module, be: Backend, strict: bool) -> list[str]:

@@ -139,12 +139,15 @@ def choice_groups(model: nn.Module, report: OptimizeReport) -> dict[str, list[nn
 def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: OptimizeReport,
                      sync: Callable[[], None], budget_s: float, whole: Any = None,
                      workload: Callable[[nn.Module], Any] | None = None,
-                     whole_with_kernels: Any = None, fresh_whole: Callable[[], Any] | None = None) -> EndToEnd | None:
+                     whole_with_kernels: Any = None, fresh_whole: Callable[[], Any] | None = None,
+                     decide_later: Callable[[], None] | None = None) -> EndToEnd | None:
     """Time the optimized MODEL against eager on its example inputs; drop choices that make it slower.
     WHOLE: the model compiled whole (whole_model.prove_whole_model), proven, timed in the same rotation and
     installed for the example's call signature when it beats both eager and the per-module choices.
     WORKLOAD: the model run as the application runs it (a short generate()); when given, the per-module
-    choices left after that are timed on it too (its decode steps included) and dropped where they slow it."""
+    choices left after that are timed on it too (its decode steps included) and dropped where they slow it.
+    DECIDE_LATER: decides the workload's own calls (decode steps); called only when the model compiled whole
+    does not take every call of the workload, so their proofs are not paid for where it does."""
     groups = choice_groups(model, report)
     if not groups and whole is None:
         return None
@@ -164,13 +167,24 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
         if everywhere is not None:
             why_not = check_on_workload(model, everywhere, workload)
             everywhere = None if why_not else everywhere
+        if decide_later is not None:
+            if everywhere is not None:  # first without the workload's own per-module decisions
+                w = _prove(model, args, kwargs, report, sync, budget_s, per_module, None, workload, everywhere)
+                result.workload = _workload_summary(w)
+                result.dropped += [d for d in w.dropped if d not in result.dropped]
+                if w.outcome == EVERYWHERE:
+                    return result
+                why_not = (f"{w.whole_speedup:.2f}x eager on it, per-module choices {w.final_speedup or w.speedup:.2f}x"
+                           if w.whole_speedup else "")
+                everywhere = None
+            decide_later()
+            per_module = _groups(model, report)
         if not per_module and everywhere is None:
             if why_not:
-                result.workload = {"decision": f"{WHOLE} not used for the workload: {why_not}"}
+                result.workload = {**(result.workload or {}), "decision": f"{WHOLE} not used for the workload: {why_not}"}
             return result
         w = _prove(model, args, kwargs, report, sync, budget_s, per_module, None, workload, everywhere)
-        result.workload = {k: getattr(w, k) for k in ("eager_us", "optimized_us", "speedup", "self_noise", "rounds",
-                                                       "final_speedup", "whole_speedup", "decision", "outcome")}
+        result.workload = _workload_summary(w)
         if why_not:
             result.workload["decision"] += f"; {WHOLE} not used for the workload: {why_not}"
         if w.outcome == EVERYWHERE:
@@ -183,6 +197,11 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
         return result
     finally:
         _reset_counters(model.modules())  # the dispatchers' counters are the user's calls, not these
+
+
+def _workload_summary(w: EndToEnd) -> dict[str, Any]:
+    return {k: getattr(w, k) for k in ("eager_us", "optimized_us", "speedup", "self_noise", "rounds", "final_speedup",
+                                       "whole_speedup", "decision", "outcome")}
 
 
 def _reset_counters(modules: Iterable[nn.Module]) -> None:

@@ -1,0 +1,91 @@
+"""optimize(workload=...): the workload's own calls (decode steps) are decided only when the model compiled
+whole does not take every call of the workload; where it does, their proofs are never paid for."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import metal_accel
+import metal_accel.api as api
+import metal_accel.pipeline as pipeline
+from metal_accel.model_choice import prove_end_to_end
+from metal_accel.report import OptimizeReport
+from metal_accel.runtime.dispatch import dispatcher_of
+from test_workload import Whole, _slow_decoder, decode, slow
+
+
+def _waste(twin: nn.Module):
+    """Answers as TWIN, after wasting more time than the slow eager MLP does."""
+    def call(x, past=None):
+        slow(x, nn.Identity())
+        slow(x, nn.Identity())
+        return twin(x, past)
+    return call
+
+
+def test_decisions_for_the_workload_wait_until_the_whole_model_loses_there():
+    model, twin = _slow_decoder()
+    decided = []
+    report = OptimizeReport("cpu", "test")
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              whole=Whole(twin), workload=decode, fresh_whole=lambda: Whole(twin),
+                              decide_later=lambda: decided.append(1))
+    assert result is not None and result.workload["outcome"] == "everywhere", result
+    assert not decided  # the model compiled whole takes every call: nothing else to decide
+
+    model, twin = _slow_decoder()
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, report, sync=lambda: None, budget_s=0.5,
+                              whole=Whole(twin), workload=decode, fresh_whole=lambda: Whole(_waste(twin)),
+                              decide_later=lambda: decided.append(1))
+    assert result is not None and result.workload.get("outcome") != "everywhere", result
+    assert decided == [1] and "not used for the workload" in result.workload["decision"], result
+    disp = dispatcher_of(model)
+    assert disp is None or disp.fallback is None
+
+
+def test_decisions_for_the_workload_are_made_when_the_whole_model_is_wrong_there():
+    model, twin = _slow_decoder()
+    wrong = Whole(lambda x, past=None: (twin(x, past)[0] + (x.shape[1] == 1), twin(x, past)[1]))
+    decided = []
+    result = prove_end_to_end(model, (torch.randn(2, 6, 8),), {}, OptimizeReport("cpu", "test"), sync=lambda: None,
+                              budget_s=0.5, whole=Whole(twin), workload=decode, fresh_whole=lambda: wrong,
+                              decide_later=lambda: decided.append(1))
+    assert decided == [1] and "incorrect on the workload" in result.workload["decision"], result
+
+
+def _optimize_with_whole(monkeypatch, every) -> tuple[nn.Module, list[str]]:
+    """optimize() of the slow decoder with torch.compile stood in for: no per-module compile candidates, the
+    model compiled whole answered by TWIN (the example's call) and EVERY (the workload's)."""
+    model, twin = _slow_decoder()
+    processed: list[str] = []
+    real = pipeline.Pipeline.process
+
+    def process(self, call):
+        processed.append(f"{call.name}{' (workload)' if call.from_workload else ''}")
+        return real(self, call)
+    monkeypatch.setattr(pipeline.Pipeline, "process", process)
+    monkeypatch.setattr(pipeline, "builtin_kinds", lambda backend: [])
+    monkeypatch.setattr(api, "prove_whole_model", lambda *a, **k: (Whole(twin), ""))
+    monkeypatch.setattr(api, "whole_model_op", lambda *a, **k: Whole(every(twin)))
+    metal_accel.optimize(model, torch.randn(2, 6, 8), workload=decode, compile=True, end_to_end=True,
+                         bench_budget_s=0.25)
+    return model, processed
+
+
+def test_optimize_leaves_the_decode_steps_to_the_whole_model_that_takes_them(monkeypatch):
+    model, processed = _optimize_with_whole(monkeypatch, lambda twin: twin)
+    rep = metal_accel.explain(model)
+    assert rep.end_to_end["workload"]["outcome"] == "everywhere", rep.end_to_end
+    assert processed and not [p for p in processed if p.endswith("(workload)")], processed
+    left = [m for m in rep.modules if m.reason.startswith("not decided alone")]
+    assert left and {m.name for m in left} >= {"mlp"}, [(m.name, m.reason) for m in rep.modules]
+    assert all("takes every call of the workload" in m.reason for m in left)
+
+
+def test_optimize_decides_the_decode_steps_when_the_whole_model_is_slower_there(monkeypatch):
+    model, processed = _optimize_with_whole(monkeypatch, _waste)
+    rep = metal_accel.explain(model)
+    assert rep.end_to_end["workload"].get("outcome") != "everywhere", rep.end_to_end
+    assert "mlp (workload)" in processed, processed
+    assert not [m for m in rep.modules if m.reason.startswith("not decided alone")]
+    assert len(rep.modules) == len(processed)
