@@ -25,7 +25,8 @@ from .core.errors import MetalAccelError
 from .core.keys import class_path
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
-from .library import hf_attention, rotary
+from .library import hf_attention
+from .library import rotary as rotary_mod
 from .model_choice import EVERYWHERE, WHOLE, apply_verdict, prove_end_to_end
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
@@ -132,15 +133,22 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     report = OptimizeReport(be.name, be.environment().device_name, stage_s={"capture": captured_s},
                             module_s=plan.stage_s)
     now_calls, later = calls, []
-    if workload is not None and now.compile and now.end_to_end and be.measures_speed and supports_compile(be):
-        # the workload's own signatures (decode steps) are decided only if the model compiled whole does not
-        # take every call of the workload (model_choice.prove_end_to_end): on decoder LMs it always has
+    deferring = workload is not None and now.compile and now.end_to_end and be.measures_speed and supports_compile(be)
+    if deferring:
+        # the workload's own signatures (decode steps) and the decode attention kernels are decided only if the
+        # model compiled whole does not take every call of the workload (model_choice.prove_end_to_end): on
+        # every decoder LM of the zoo it did, and their proofs were time spent for nothing
         later = [c for c in calls if c.from_workload and c.replaceable]
         now_calls = [c for c in calls if not any(c is d for d in later)]
     _decide(plan, report, now_calls, progress, len(calls))
-    decide_later = _Deferred(plan, report, later, progress, len(calls))
+
+    def attach_attention() -> None:
+        with clock(report.stage_s, "attention kernels"):
+            report.notes.extend(_attach_routed(model, be, strict, rotary=False))
+    decide_later = _Deferred(plan, report, later, progress, len(calls),
+                             attach_attention if deferring and hf_attention.applies(model) else None)
     with clock(report.stage_s, "attention kernels"):
-        report.notes += _attach_routed(model, be, strict)
+        report.notes += _attach_routed(model, be, strict, attention=not deferring)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
         decide_later()
         return report
@@ -233,32 +241,43 @@ class _Deferred:
     calls: list[ModuleCall]
     progress: bool | None
     total: int
+    attention: Callable[[], None] | None = None   # routes the model's attention through proven decode kernels
     elapsed_s: float = 0.0
 
     @property
     def pending(self) -> bool:
-        return bool(self.calls)
+        return bool(self.calls) or self.attention is not None
 
     def __call__(self) -> None:
         calls, self.calls = self.calls, []
+        attention, self.attention = self.attention, None
+        t0 = time.perf_counter()
         if calls:
-            t0 = time.perf_counter()
             _decide(self.plan, self.report, calls, self.progress, self.total)
-            self.elapsed_s += time.perf_counter() - t0
+        if attention is not None:
+            attention()
+        self.elapsed_s += time.perf_counter() - t0
 
     def leave(self, why: str) -> None:
         calls, self.calls = self.calls, []
+        if self.attention is not None:
+            self.report.notes.append(f"attention: sdpa kept ({why})")
+        self.attention = None
         for call in calls:
             self.report.modules.append(ModuleReport(
                 call.name, class_path(type(call.module)), call.spec.describe() if call.spec else "?", "eager",
                 f"not decided alone: {why}", calls=call.calls, eager_us=call.eager_s / max(call.calls, 1) * 1e6))
 
 
-def _attach_routed(model: nn.Module, be: Backend, strict: bool) -> list[str]:
+def _attach_routed(model: nn.Module, be: Backend, strict: bool, attention: bool = True,
+                   rotary: bool = True) -> list[str]:
     """An HF model's sdpa attention and rotary embeddings through the library's proven kernels
     (library/hf_attention.py, library/rotary.py); the report's lines about them, none for other models."""
     lines = []
-    for what, attach in (("attention: sdpa kept", hf_attention.attach), ("rotary: the model's own kept", rotary.attach)):
+    for what, attach in (("attention: sdpa kept", hf_attention.attach if attention else None),
+                         ("rotary: the model's own kept", rotary_mod.attach if rotary else None)):
+        if attach is None:
+            continue
         try:
             lines.append(attach(model, be))
         except Exception as exc:  # the model keeps its own
@@ -312,7 +331,7 @@ def restore(model: nn.Module) -> nn.Module:
     for module in model.modules():
         uninstall(module)
     hf_attention.detach(model)
-    rotary.detach(model)
+    rotary_mod.detach(model)
     model.__dict__.pop(_REPORT_ATTR, None)
     return model
 
@@ -332,7 +351,7 @@ def explain(model: nn.Module) -> OptimizeReport:
         if m.status != "eager" and disp is not None and disp.failures and not disp.table:
             m.status, m.reason = "eager", f"{m.status} failed at run time: " + redact("; ".join(disp.failures.values()))
     annotate(report, model)
-    report.notes = [n for n in report.notes if not n.startswith(rotary.DECISION)] + rotary.decisions(model)
+    report.notes = [n for n in report.notes if not n.startswith(rotary_mod.DECISION)] + rotary_mod.decisions(model)
     return report
 
 

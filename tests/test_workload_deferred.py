@@ -89,3 +89,58 @@ def test_optimize_decides_the_decode_steps_when_the_whole_model_is_slower_there(
     assert "mlp (workload)" in processed, processed
     assert not [m for m in rep.modules if m.reason.startswith("not decided alone")]
     assert len(rep.modules) == len(processed)
+
+
+def test_decode_attention_is_not_proven_for_a_model_whose_workload_the_whole_model_takes(monkeypatch, tmp_path):
+    """An HF LM with a generate() workload: where the model compiled whole (stood in for) takes every call of
+    it, the decode attention kernels are never proven and the model keeps sdpa; where it loses, they are."""
+    import pytest
+    pytest.importorskip("transformers")
+    from test_library_attention import tiny_llama
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    monkeypatch.setattr(pipeline, "builtin_kinds", lambda backend: [])
+    proven = []
+    real_attach = api.hf_attention.attach
+    monkeypatch.setattr(api.hf_attention, "attach", lambda *a, **k: proven.append(1) or real_attach(*a, **k))
+    ids = torch.randint(0, 96, (1, 5))
+
+    def generate(m: nn.Module) -> torch.Tensor:
+        return m.generate(ids, max_new_tokens=4, do_sample=False)
+
+    for twin_wins in (True, False):
+        monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / f"cache-{twin_wins}"))  # no model-level verdict
+        model, twin = tiny_llama(), tiny_llama()
+        twin.load_state_dict(model.state_dict())
+        model.model.layers[0].mlp.act_fn = SlowSiLU()  # eager wastes time where the twin does not
+        proven.clear()
+        every = (lambda *a, **k: twin(*a, **k)) if twin_wins else _waste_kw(twin)
+        monkeypatch.setattr(api, "prove_whole_model", lambda *a, **k: (Whole(twin), ""))
+        monkeypatch.setattr(api, "whole_model_op", lambda *a, every=every, **k: Whole(every))
+        with torch.no_grad():
+            want = generate(model)
+        metal_accel.optimize(model, (ids,), workload=generate, compile=True, end_to_end=True, bench_budget_s=0.25)
+        rep = metal_accel.explain(model)
+        assert (rep.end_to_end["workload"].get("outcome") == "everywhere") == twin_wins, rep.end_to_end
+        notes = [n for n in rep.notes if n.startswith("attention:")]
+        if twin_wins:
+            assert not proven and notes == [f"attention: sdpa kept ({api.WHOLE} takes every call of the workload "
+                                            "(decided end to end))"], notes
+            assert model.config._attn_implementation == "sdpa"
+        else:
+            assert proven == [1] and notes and "takes every call" not in notes[0], notes
+        with torch.no_grad():
+            assert torch.equal(generate(model), want)
+        metal_accel.restore(model)
+
+
+def _waste_kw(twin: nn.Module):
+    def call(*args, **kwargs):
+        for _ in range(4):
+            slow(torch.zeros(1), nn.Identity())
+        return twin(*args, **kwargs)
+    return call
+
+
+class SlowSiLU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return slow(x, nn.SiLU())

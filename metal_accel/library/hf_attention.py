@@ -74,6 +74,13 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
             and hasattr(m, "layer_idx")]
 
 
+def applies(model: nn.Module) -> bool:
+    """MODEL is an HF model running sdpa attention that attach() would try to switch."""
+    config = getattr(model, "config", None)
+    return settings.current().library and config is not None and hasattr(model, "set_attn_implementation") \
+        and getattr(config, "_attn_implementation", None) == "sdpa" and available()
+
+
 def attach(model: nn.Module, backend: Backend, *, kv_length: int = 64) -> str:
     """Switch an HF model whose attention is "sdpa" to ours on BACKEND, and prove its decode signatures now;
     returns a line for the report ('' when the model is not such a model or no kernel ships)."""

@@ -77,6 +77,36 @@ def output_digest(outs: tuple) -> str:
     return h.hexdigest()[:32]
 
 
+class RepeatDigests:
+    """output_digest for calls that repeat on a few input sets (the soak's): a call whose outputs equal its set's
+    first call's, bit for bit, gets that call's digest from a compare on the device, without the copy to the
+    host and the hash (a GPU kernel's 500 soak calls of 8 MB each were 4 GB through the host)."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, tuple[tuple[torch.Tensor, ...], str]] = {}
+
+    def digest(self, input_set: int, outs: tuple) -> str:
+        kept = self._first.get(input_set)
+        if kept is not None and _bitwise_equal(kept[0], outs):
+            return kept[1]
+        d = output_digest(outs)
+        if kept is None:
+            self._first[input_set] = (tuple(o.detach().clone() for o in outs), d)
+        return d
+
+
+def _bitwise_equal(a: tuple, b: tuple) -> bool:
+    """Equal dtypes, shapes and bytes (NaNs with the same bits are equal, -0.0 and 0.0 are not)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.dtype != y.dtype or x.shape != y.shape or x.device != y.device:
+            return False
+        if not torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8)):
+            return False
+    return True
+
+
 def launch(backend: str, device: str, scratch: Path, module: str = "metal_accel.proof.worker_main") -> tuple[list[str], dict[str, str]]:
     """The worker's command line and its whole environment: scrubbed, HOME and TMPDIR in SCRATCH, the build
     directory named (read-only to it), the user cache pointed into SCRATCH, auto-instrumentation off."""

@@ -32,8 +32,8 @@ from .worker import (
     _HEADER,
     MEMORY_HEADROOM,
     REQUEST_COPIES,
+    RepeatDigests,
     _read_exact,
-    output_digest,
     tensors_to,
 )
 
@@ -136,6 +136,7 @@ def _soak(req: dict[str, Any], forward: Any, state: list[torch.Tensor], device: 
     digests: list[str] = []
     samples: list[dict[str, Any]] = []
     last: dict[int, tuple[int, tuple]] = {}
+    repeats = RepeatDigests()
     t0 = time.perf_counter()
     with torch.inference_mode():
         for i in range(req["calls"]):
@@ -146,7 +147,7 @@ def _soak(req: dict[str, Any], forward: Any, state: list[torch.Tensor], device: 
             sync()
             if not all(isinstance(o, torch.Tensor) for o in outs):
                 return {"error": f"call {i} returned {', '.join(type(o).__name__ for o in outs)}, not tensors"}
-            digests.append(output_digest(outs))
+            digests.append(repeats.digest(i % n, outs))
             if i in sample:
                 samples.append({"call": i, "set": i % n, "outputs": [o.cpu() for o in outs]})
             else:
