@@ -86,7 +86,8 @@ def section(results: list[dict]) -> str:
         fwd = row.get("forward", {})
         sp = fwd.get("speedup_vs_eager", {})
         if "run" in row.get("errors", {}):
-            opt = "run failed"
+            why = str(row["errors"]["run"])
+            opt = why.splitlines()[0] + " (the run's per-model limit)" if why.startswith("timed out") else "run failed"
         elif _failed(row, "optimize"):
             opt = "optimize() failed"
         else:
