@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .auto import hook
 from .backends import backend_for_device, get_backend
@@ -22,15 +21,15 @@ from .core import config
 from .core.candidate import Candidate
 from .core.config import Settings
 from .core.errors import MetalAccelError
-from .core.keys import class_path
 from .core.provider import CandidateProvider, Evaluation
 from .core.redact import redact
 from .library import hf_attention
 from .library import rotary as rotary_mod
 from .model_choice import EVERYWHERE, WHOLE, apply_verdict, prove_end_to_end
+from .decisions import Deferred, decide_calls
 from .pipeline import Pipeline
 from .proof.prove import ProofSettings
-from .report import MODULES, ModuleReport, OptimizeReport, clock
+from .report import OptimizeReport, clock
 from .runtime.capture import ModuleCall, capture
 from .runtime.dispatch import dispatcher_of, uninstall
 from .runtime.model_state import StateGuard
@@ -140,12 +139,12 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
         # every decoder LM of the zoo it did, and their proofs were time spent for nothing
         later = [c for c in calls if c.from_workload and c.replaceable]
         now_calls = [c for c in calls if not any(c is d for d in later)]
-    _decide(plan, report, now_calls, progress, len(calls))
+    decide_calls(plan, report, now_calls, progress, len(calls))
 
     def attach_attention() -> None:
         with clock(report.stage_s, "attention kernels"):
             report.notes.extend(_attach_routed(model, be, strict, rotary=False))
-    decide_later = _Deferred(plan, report, later, progress, len(calls),
+    decide_later = Deferred(plan, report, later, progress, len(calls),
                              attach_attention if deferring and hf_attention.applies(model) else None)
     with clock(report.stage_s, "attention kernels"):
         report.notes += _attach_routed(model, be, strict, attention=not deferring)
@@ -213,60 +212,6 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
                                model_verdicts.ModelVerdict(e2e.outcome, list(e2e.dropped), e2e.to_dict()))
     decide_later()  # none are left where the end-to-end stage needed them
     return report
-
-
-def _decide(plan: Pipeline, report: OptimizeReport, calls: Sequence[ModuleCall], progress: bool | None,
-            total: int) -> None:
-    """Each of CALLS decided by PLAN, its report appended, with progress on a terminal and in the log."""
-    with clock(report.stage_s, MODULES):
-        for call in tqdm(calls, desc="metal_accel", unit="module", disable=None if progress is None else not progress,
-                         leave=False):
-            rep = plan.process(call)
-            report.modules.append(rep)
-            # progress for logs too (a terminal bar shows nowhere in a service or a CI job)
-            log.info("metal_accel: [%d/%d] %s (%s): %s%s (%.1f s)", len(report.modules), total, rep.name,
-                     rep.module_class.rsplit(".", 1)[-1], rep.status, f", {rep.reason}" if rep.reason else "",
-                     rep.elapsed_s)
-    proving = sum(plan.stage_s.values())
-    plan.stage_s["keys, caches and matching"] = max(0.0, report.stage_s[MODULES] - proving)
-
-
-@dataclass
-class _Deferred:
-    """The workload's own calls (decode steps), decided when first needed: calling it decides them (once);
-    `leave(why)` reports them undecided instead, because the model compiled whole runs them."""
-
-    plan: Pipeline
-    report: OptimizeReport
-    calls: list[ModuleCall]
-    progress: bool | None
-    total: int
-    attention: Callable[[], None] | None = None   # routes the model's attention through proven decode kernels
-    elapsed_s: float = 0.0
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.calls) or self.attention is not None
-
-    def __call__(self) -> None:
-        calls, self.calls = self.calls, []
-        attention, self.attention = self.attention, None
-        t0 = time.perf_counter()
-        if calls:
-            _decide(self.plan, self.report, calls, self.progress, self.total)
-        if attention is not None:
-            attention()
-        self.elapsed_s += time.perf_counter() - t0
-
-    def leave(self, why: str) -> None:
-        calls, self.calls = self.calls, []
-        if self.attention is not None:
-            self.report.notes.append(f"attention: sdpa kept ({why})")
-        self.attention = None
-        for call in calls:
-            self.report.modules.append(ModuleReport(
-                call.name, class_path(type(call.module)), call.spec.describe() if call.spec else "?", "eager",
-                f"not decided alone: {why}", calls=call.calls, eager_us=call.eager_s / max(call.calls, 1) * 1e6))
 
 
 def _attach_routed(model: nn.Module, be: Backend, strict: bool, attention: bool = True,

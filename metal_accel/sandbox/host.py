@@ -9,6 +9,7 @@ allocations are fenced and filled like stale memory (trial_buffers.py); in produ
 """
 from __future__ import annotations
 
+import functools
 import math
 import types
 import weakref
@@ -90,12 +91,18 @@ def load_forward(candidate_code: str, lib: Any, *, proof: bool = False, poison: 
     """Check the host code, run it in the restricted namespace and return its forward(); PROOF (or its
     former name POISON): allocations give proof buffers (see build_namespace). A block that defines
     prepare(module) gets a PreparedForward: the same call, with prepare's tensors made once per module state."""
-    tree = strip_annotations(parse_and_check(candidate_code))
     ns = build_namespace(lib, proof=proof or poison)
-    exec(pyast.compile_tree(tree, "<candidate>"), ns)  # checked code, restricted globals
+    exec(_checked_code(candidate_code), ns)  # checked code, restricted globals
     if "prepare" in ns:
         return PreparedForward(ns["forward"], ns["prepare"], proof=proof or poison)
     return ns["forward"]
+
+
+@functools.lru_cache(maxsize=512)
+def _checked_code(candidate_code: str) -> types.CodeType:
+    """The host code checked and compiled, once per text in a process (an 8-layer model's cached kernels load
+    the same few texts dozens of times); a code object is immutable, each load runs it in a fresh namespace."""
+    return pyast.compile_tree(strip_annotations(parse_and_check(candidate_code)), "<candidate>")
 
 
 class PreparedForward:
