@@ -269,3 +269,30 @@ def test_cuda_kernel_matches_sdpa_and_is_proven(tmp_path: Path, monkeypatch: pyt
     q, k, v = qkv(1, 32, 8, 4096, 64, BF16, "cuda")
     run, rep = prove_call(SdpaAttention(0.125, 4), q, k, v, None, get_backend("cuda"))
     assert rep.status in ("kernel", "eager") and not [r for r in rep.rejected if "incorrect" in r], rep.rejected
+
+
+def test_a_saved_or_copied_model_names_the_attention_it_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save(model) after the switch stores sdpa, not metal_accel's name (which a process without it cannot
+    resolve); a deep copy runs sdpa too; the switched model itself still routes."""
+    import copy
+    import io
+    from metal_accel.library import hf_attention
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    monkeypatch.setattr(hf_attention, "_prove_decode", lambda *a: ["attention[q 1x4x1x16, kv 64]: kernel 1.50x"])
+    model = tiny_llama()
+    ids = torch.randint(0, 96, (1, 5))
+    with torch.no_grad():
+        want = model(ids).logits
+    assert "-> metal_accel" in hf_attention.attach(model, get_backend("cpu"))
+    assert model.config._attn_implementation == hf_attention.NAME
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    assert b"metal_accel" not in buf.getvalue()
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (loaded, copy.deepcopy(model)):
+        assert type(other.config._attn_implementation) is str and other.config._attn_implementation == "sdpa"
+        with torch.no_grad():
+            torch.testing.assert_close(other(ids).logits, want)
+    hf_attention.detach(model)
+    assert model.config._attn_implementation == "sdpa"

@@ -25,7 +25,6 @@ from .attention import AttentionRouter, ships_for, signature
 
 log = logging.getLogger(__name__)
 NAME = "metal_accel"
-_PREVIOUS = "_metal_accel_previous_attn"  # model attribute: the implementation attach() replaced
 _routers: dict[str, AttentionRouter] = {}  # device type -> the router of the backend last attached for it
 _registered = False
 
@@ -108,7 +107,7 @@ def attach(model: nn.Module, backend: Backend, *, kv_length: int = 64) -> str:
         return f"attention: sdpa kept ({type(exc).__name__}: {exc})"
     if getattr(model.config, "_attn_implementation", None) != NAME:
         return "attention: sdpa kept (the model does not take an attention implementation)"
-    object.__setattr__(model, _PREVIOUS, current)
+    _name_routed(model.config, current)  # which also remembers what detach() puts back
     router = router_for(backend)
     router.proving = True
     proven = _prove_decode(model, router, param, kv_length)
@@ -144,11 +143,41 @@ def _prove_decode(model: nn.Module, router: AttentionRouter, param: torch.Tensor
     return out
 
 
+class RoutedName(str):
+    """The implementation name attach() sets, as configs hold it: pickled or deep-copied (torch.save(model),
+    copy.deepcopy) it becomes the name it replaced, so a saved model loads and runs where metal_accel's attention
+    is not registered (it raised KeyError there) and a copy runs the attention it had."""
+
+    previous: str
+
+    def __new__(cls, name: str, previous: str) -> "RoutedName":
+        routed = super().__new__(cls, name)
+        routed.previous = previous
+        return routed
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return str, (self.previous,)
+
+
+def _name_routed(config: Any, previous: str) -> None:
+    """CONFIG's and its sub-configs' implementation names (set by set_attn_implementation) as RoutedName."""
+    stack, seen = [config], set()
+    while stack:
+        c = stack.pop()
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        if getattr(c, "_attn_implementation_internal", None) == NAME:
+            c._attn_implementation_internal = RoutedName(NAME, previous)
+        stack += [getattr(c, key, None) for key in (getattr(c, "sub_configs", None) or {})]
+
+
 def detach(model: nn.Module) -> None:
     """Put back the attention implementation attach() replaced (restore())."""
-    previous = model.__dict__.pop(_PREVIOUS, None)
-    if previous is None:
+    name = getattr(getattr(model, "config", None), "_attn_implementation_internal", None)
+    if not isinstance(name, RoutedName):
         return
+    previous = name.previous
     try:
         model.set_attn_implementation(previous)
     except Exception as exc:  # the config attribute directly: what set_attn_implementation writes
