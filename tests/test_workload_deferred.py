@@ -144,3 +144,26 @@ def _waste_kw(twin: nn.Module):
 class SlowSiLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return slow(x, nn.SiLU())
+
+
+def test_decisions_made_in_two_parts_account_their_time_once():
+    """The module decisions' time outside proofs ('keys, caches and matching') stays what the clock says when the
+    workload's calls are decided after the example's."""
+    from types import SimpleNamespace
+
+    from metal_accel.decisions import MATCHING, decide_calls
+    from metal_accel.report import MODULES, ModuleReport
+
+    class Plan:
+        stage_s: dict = {}
+
+        def process(self, call):
+            self.stage_s["kernels"] = self.stage_s.get("kernels", 0.0) + 0.001
+            slow(torch.zeros(1), nn.Identity())
+            return ModuleReport(call.name, "x.Y", "?", "eager", "")
+    plan, report = Plan(), OptimizeReport("cpu", "test")
+    calls = [SimpleNamespace(name=f"m{i}") for i in range(3)]
+    decide_calls(plan, report, calls[:2], False, 3)
+    decide_calls(plan, report, calls[2:], False, 3)
+    assert len(report.modules) == 3
+    assert abs(plan.stage_s[MATCHING] + plan.stage_s["kernels"] - report.stage_s[MODULES]) < 1e-9, plan.stage_s
