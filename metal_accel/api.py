@@ -144,10 +144,10 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
     def attach_attention() -> None:
         with clock(report.stage_s, "attention kernels"):
             report.notes.extend(_attach_routed(model, be, strict, rotary=False))
-    decide_later = Deferred(plan, report, later, progress, len(calls),
-                             attach_attention if deferring and hf_attention.applies(model) else None)
+    defer_attention = deferring and hf_attention.applies(model)  # others get their report line now
+    decide_later = Deferred(plan, report, later, progress, len(calls), attach_attention if defer_attention else None)
     with clock(report.stage_s, "attention kernels"):
-        report.notes += _attach_routed(model, be, strict, attention=not deferring)
+        report.notes += _attach_routed(model, be, strict, attention=not defer_attention)
     if not (now.end_to_end and be.measures_speed):  # emulated devices: timings say nothing about the real one
         decide_later()
         return report

@@ -167,3 +167,24 @@ def test_decisions_made_in_two_parts_account_their_time_once():
     decide_calls(plan, report, calls[2:], False, 3)
     assert len(report.modules) == 3
     assert abs(plan.stage_s[MATCHING] + plan.stage_s["kernels"] - report.stage_s[MODULES]) < 1e-9, plan.stage_s
+
+
+def test_a_model_whose_attention_is_not_switched_gets_its_attention_line_at_once(monkeypatch, tmp_path):
+    """Only sdpa models wait for the workload's verdict; another implementation is reported as kept, as before."""
+    import pytest
+    pytest.importorskip("transformers")
+    from test_library_attention import tiny_llama
+    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("METAL_ACCEL_LIBRARY", "1")
+    monkeypatch.setattr(pipeline, "builtin_kinds", lambda backend: [])
+    model, twin = tiny_llama(), tiny_llama()
+    twin.load_state_dict(model.state_dict())
+    model.set_attn_implementation("eager")
+    monkeypatch.setattr(api, "prove_whole_model", lambda *a, **k: (Whole(twin), ""))
+    monkeypatch.setattr(api, "whole_model_op", lambda *a, **k: Whole(twin))
+    ids = torch.randint(0, 96, (1, 5))
+    metal_accel.optimize(model, (ids,), workload=lambda m: m.generate(ids, max_new_tokens=4, do_sample=False),
+                         compile=True, end_to_end=True, bench_budget_s=0.25)
+    notes = [n for n in metal_accel.explain(model).notes if n.startswith("attention:")]
+    assert notes == ["attention: 'eager' kept (the library's attention kernels are proven against sdpa's computation)"], \
+        notes
