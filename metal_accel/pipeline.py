@@ -16,6 +16,7 @@ from .candidates.compile import (
     candidate_op,
     compile_candidate,
     generated_code,
+    graph_variant_futile,
     prove_candidate,
     supports_compile,
 )
@@ -27,7 +28,8 @@ from .core.keys import class_path, class_source_sha, entry_key, generic_key, mod
 from .core.provider import Evaluation, InteractiveProvider, Provider, SynthesisRequest
 from .core.redact import redact
 from .core.specs import UnsupportedCall
-from .proof.prove import ProofSettings, declared_shape_generic
+from .proof.prove import ProofSettings, declared_shape_generic, device_of
+from .proof.worker import shared_worker
 from .proof.speed import implausible_verdict
 from .report import COVERED, ModuleReport, clock
 from .runtime.capture import ModuleCall
@@ -213,9 +215,19 @@ class Pipeline:
         """torch.compile first (its time and code become context), then every provider's candidates;
         interactive providers get each verdict back."""
         evaluations: list[Evaluation] = []
+        proposed = {id(p): self._proposals(p, request, rep, tried) for p in self.providers
+                    if not isinstance(p, InteractiveProvider)}
+        asks = any(isinstance(p, InteractiveProvider) for p in self.providers) and not call.compile_only
+        if self.settings.isolate and (asks or any(proposed.values())):
+            shared_worker().prestart(self.backend.name, str(device_of(call)))  # overlaps torch.compile's proofs
         for kind in builtin_kinds(self.backend) if self.try_compile and not skip_compile else []:
             builtin = compile_candidate(self.backend, kind)
             if builtin.digest in tried:
+                continue
+            futile = graph_variant_futile(evaluations[-1].verdict) \
+                if kind == "cuda-graph" and evaluations and evaluations[-1].candidate.kind == "inductor" else ""
+            if futile:  # recorded as rejected, so that a later run does not prove it either
+                evaluations.append(Evaluation(builtin, Verdict(self.env, False, futile, builtin.digest)))
                 continue
             ev = self.evaluate(call, key, builtin)
             evaluations.append(ev)
@@ -239,7 +251,7 @@ class Pipeline:
                         raise
                     rep.rejected.append(f"{provider.name}: {exc}")
             else:
-                evaluations += [self.evaluate(call, key, c) for c in self._proposals(provider, request, rep, tried)]
+                evaluations += [self.evaluate(call, key, c) for c in proposed[id(provider)]]
         return evaluations
 
     def _proposals(self, provider: Provider, request: SynthesisRequest, rep: ModuleReport,

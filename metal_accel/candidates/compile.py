@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -186,23 +187,27 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     if busy:
         return reject(busy)
     module = call.module
-    compiled = CompiledOp(module, f"compile_{key[:16]}")
-    op: CompiledOp | GraphedOp = compiled
     device = next((a.device for a in (*call.args, *call.kwargs.values()) if isinstance(a, torch.Tensor)),
                   torch.device("cpu"))
     t0 = time.perf_counter()
-    graphs = compiled_graphs()
-    try:
-        first_call(compiled, tuple(call.args), dict(call.kwargs), device, config.current().compile_timeout_s)
-    except CompileTimeout as exc:
-        return reject(str(exc), {"timings": {"compile_s": time.perf_counter() - t0}})
-    except Exception as exc:
-        what = "graph break" if "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__ else "failed"
-        return reject(f"torch.compile {what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    compiled = _recently_compiled.get(module, key) if kind == "cuda-graph" else None
+    if compiled is None:  # the CUDA-graph candidate replays the code the torch.compile candidate just compiled
+        compiled = CompiledOp(module, f"compile_{key[:16]}")
+        graphs = compiled_graphs()
+        try:
+            first_call(compiled, tuple(call.args), dict(call.kwargs), device, config.current().compile_timeout_s)
+        except CompileTimeout as exc:
+            return reject(str(exc), {"timings": {"compile_s": time.perf_counter() - t0}})
+        except Exception as exc:
+            broke = "graph break" in str(exc).lower() or "Unsupported" in type(exc).__name__
+            return reject(f"torch.compile {'graph break' if broke else 'failed'}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:300]}")
+        graphs = compiled_graphs() - graphs
+        if graphs != 1:  # several graphs: graph breaks; none: dynamo broke off at the call and ran it eagerly
+            return reject(f"torch.compile graph break: the forward compiled into {graphs} graphs, not one")
+        _recently_compiled.put(module, key, compiled)
     compile_s = time.perf_counter() - t0
-    graphs = compiled_graphs() - graphs
-    if graphs != 1:  # several graphs: graph breaks; none: dynamo broke off at the call and ran it eagerly
-        return reject(f"torch.compile graph break: the forward compiled into {graphs} graphs, not one")
+    op: CompiledOp | GraphedOp = compiled
     if kind == "cuda-graph":
         op = GraphedOp(op, module)
         try:
@@ -242,6 +247,38 @@ def prove_compiled(call: ModuleCall, key: str, backend: Backend, *, margin: floa
     verdict = Verdict(env, bench.accepted, bench.reason, cand.digest, bench.speedup, bench.eager_us,
                       bench.kernel_us, details)
     return Evaluation(cand, verdict, op if bench.accepted else None, bench)  # type: ignore[arg-type]
+
+
+class _LastCompiled:
+    """The last module call compiled as a torch.compile candidate, so that its CUDA-graph candidate, proven next,
+    replays that compiled code instead of compiling the same forward again (a second dynamo trace and inductor
+    run: 1-4 s for a Llama MLP on an H200). One entry: a module's two built-in candidates are proven back to back."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[weakref.ref, str, CompiledOp] | None = None
+
+    def put(self, module: torch.nn.Module, key: str, op: CompiledOp) -> None:
+        self._entry = (weakref.ref(module), key, op)
+
+    def get(self, module: torch.nn.Module, key: str) -> CompiledOp | None:
+        entry, self._entry = self._entry, None
+        if entry is None or entry[0]() is not module or entry[1] != key:
+            return None
+        return entry[2]
+
+
+_recently_compiled = _LastCompiled()
+SAME_CODE_REJECTIONS = ("incorrect:", "torch.compile graph break", "torch.compile failed", "torch.compile's first call")
+
+
+def graph_variant_futile(compile_verdict: Verdict) -> str:
+    """Why the CUDA-graph candidate need not be proven after the torch.compile candidate's COMPILE_VERDICT, else
+    '': replaying the compiled code in a CUDA graph changes its launch, not its results or whether it compiles,
+    so only a torch.compile candidate rejected as not faster is worth replaying."""
+    reason = compile_verdict.reason
+    if compile_verdict.accepted or not reason.startswith(SAME_CODE_REJECTIONS):
+        return ""
+    return f"not tried: torch.compile's code, which it would replay, was rejected ({reason[:160]})"
 
 
 def prove_candidate(call: ModuleCall, key: str, cand: Candidate, backend: Backend,

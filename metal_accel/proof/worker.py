@@ -148,6 +148,24 @@ class Worker:
             self.start_s = time.monotonic() - t0
         return self._proc
 
+    def prestart(self, backend: str, device: str) -> threading.Thread | None:
+        """Start the worker for (BACKEND, DEVICE) in the background, where none runs for them: its start (a Python
+        process importing torch and opening the device, 6 s on an H200 host) then overlaps the work before the
+        first request, which waits for it. A failed start is left for that request to meet and report."""
+        if self._proc is not None and self._proc.poll() is None and self._kind is not None \
+                and self._kind[:2] == (backend, device):
+            return None
+
+        def start() -> None:
+            with self._lock:
+                try:
+                    self._start(backend, device, START_TIMEOUT_S)
+                except (WorkerFailure, OSError):
+                    self.close()
+        thread = threading.Thread(target=start, name="metal_accel-worker-start", daemon=True)
+        thread.start()
+        return thread
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
