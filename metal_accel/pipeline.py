@@ -30,6 +30,7 @@ from .core.redact import redact
 from .core.specs import UnsupportedCall
 from .proof.prove import ProofSettings, declared_shape_generic, device_of
 from .proof.worker import shared_worker
+from .library.provider import is_shipped_kernel
 from .proof.speed import implausible_verdict
 from .report import COVERED, ModuleReport, clock
 from .runtime.capture import ModuleCall
@@ -205,8 +206,21 @@ class Pipeline:
         verdict = entry.verdict_for(self.env)
         if verdict is None or not verdict.accepted or verdict.candidate_digest != entry.candidate.digest:
             return False
-        self._install(call, key, entry.candidate, verdict=verdict)
         proven = "x".join(map(str, entry.input_spec.tensor_specs()[0].shape))
+        if not is_shipped_kernel(entry.candidate, self.backend.name):
+            # an untrusted kernel's claim to serve every shape is a claim: proven at this shape before it runs here
+            ev = self.evaluate(call, key, entry.candidate)
+            if not ev.verdict.accepted:
+                rep.rejected.append(f"{entry.candidate.origin} (shape-generic, proven at {proven}): {ev.verdict.reason}")
+                return False
+            cache_mod.user_cache().put(dataclasses.replace(
+                entry, key=key, input_spec=call.spec, output_spec=call.output_spec, rejected=[],
+                verdicts={self.env.id: ev.verdict}))
+            self._install(call, key, entry.candidate, ev.op)
+            self._accept(rep, entry.candidate, ev.verdict, f"cache:{entry.origin} (shape-generic, proven here at "
+                         "this shape too)")
+            return True
+        self._install(call, key, entry.candidate, verdict=verdict)
         self._accept(rep, entry.candidate, verdict, f"cache:{entry.origin} (shape-generic, proven at {proven})")
         return True
 

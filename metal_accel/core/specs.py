@@ -289,7 +289,9 @@ def _runtime_signature(value: Any) -> Any:
         # is_cpu / is_cuda first: `value.device` builds a torch.device object (a quarter microsecond)
         kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
         try:
-            return (value.shape, value.stride(), value.dtype, kind)
+            # a view at a storage offset is another signature: proofs run inputs that start their storage, so a
+            # kernel (or its host code) that behaves otherwise at an offset was never tried there: eager runs it
+            return (value.shape, value.stride(), value.dtype, kind, value.storage_offset() == 0)
         except RuntimeError:  # a nested or sparse tensor: a signature no kernel is keyed on
             return ("unkeyed", id(value))
     cls = type(value)
@@ -312,7 +314,7 @@ def _node_signature(value: Any, cls: type) -> tuple:
 
 def _spec_signature(spec: ArgSpec) -> Any:
     if isinstance(spec, TensorSpec):
-        return (spec.shape, spec.stride, spec.torch_dtype, spec.device)
+        return (spec.shape, spec.stride, spec.torch_dtype, spec.device, True)
     if isinstance(spec, StructSpec):
         return spec.signature()
     return ("s", spec.value)

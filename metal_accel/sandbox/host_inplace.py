@@ -34,8 +34,39 @@ FRESH_METHODS = frozenset((
     "tolist", "is_floating_point", "add", "sub", "mul", "div", "matmul", "mm", "bmm", "sum", "mean", "amax",
     "amin", "max", "min", "exp", "neg", "sqrt", "rsqrt", "abs", "clamp", "softmax", "masked_fill",
     "index_select", "gather", "repeat", "sigmoid", "tanh", "relu", "pow"))
-FRESH_BUILTINS = frozenset(("range", "len", "int", "float", "bool", "divmod", "round", "abs", "sum"))
+# no `sum`: sum([[t]], []) is a list holding t itself
+FRESH_BUILTINS = frozenset(("range", "len", "int", "float", "bool", "divmod", "round", "abs"))
 _ROOTS = ("torch", "F", "math")
+# the arguments of torch.nn.functional's functions that change a tensor in place unless False, and the tensor
+# arguments they change: F.relu(t, True) changes t; F.batch_norm(x, mean, var, training=True) mean and var
+_MUTATING = {"inplace": ("input",), "training": ("running_mean", "running_var")}
+_NO_STATS = {"training": ("instance_norm",)}  # functions whose `training`-like argument changes nothing
+
+
+def _functional_mutators() -> dict[str, tuple[int, str, tuple[int, ...]]]:
+    """name -> (position of its mutating argument, that argument's name, positions of the tensors it changes), for
+    the functions host code may call as torch.nn.functional.<name> (host_rules.py)."""
+    import inspect
+
+    import torch.nn.functional as functional
+
+    from .host_rules import TORCH_ALLOWED
+    out = {}
+    for qual in TORCH_ALLOWED:
+        if not qual.startswith("torch.nn.functional."):
+            continue
+        name = qual.rsplit(".", 1)[1]
+        try:
+            params = list(inspect.signature(getattr(functional, name)).parameters)
+        except (AttributeError, TypeError, ValueError):
+            continue
+        for arg, changed in _MUTATING.items():
+            if arg in params and name not in _NO_STATS.get(arg, ()):
+                out[name] = (params.index(arg), arg, tuple(params.index(c) for c in changed if c in params))
+    return out
+
+
+_MUTATORS = _functional_mutators()
 
 
 def _root(node: ast.expr) -> ast.expr:
@@ -104,6 +135,10 @@ class Freshness:
         if isinstance(node, ast.Starred):
             return self.is_fresh(node.value)
         if isinstance(node, ast.BinOp):
+            if isinstance(node.op, (ast.Add, ast.Mult)) and not (_is_float(node.left) or _is_float(node.right)):
+                # on sequences (*inputs, prepared, a tuple argument) they alias: inputs + (), inputs * 1; a float
+                # operand makes a sequence raise, so x * 2.0 is a new tensor whatever x is
+                return self.is_fresh(node.left) and self.is_fresh(node.right)
             return self._operand(node.left) and self._operand(node.right)
         if isinstance(node, ast.UnaryOp):
             return self._operand(node.operand)
@@ -120,7 +155,7 @@ class Freshness:
     def _call(self, node: ast.Call) -> bool:
         func = node.func
         args = [*node.args, *(k.value for k in node.keywords)]
-        if any(k.arg == "out" for k in node.keywords) or _inplace_kw(node) is not None:
+        if any(k.arg == "out" for k in node.keywords) or _mutated(node) is not None:
             return False
         if isinstance(func, ast.Attribute):
             root = _root(func)
@@ -134,11 +169,45 @@ class Freshness:
         return all(self.is_fresh(a) for a in args)  # min/max/tuple/zip/...: may return an argument
 
 
-def _inplace_kw(node: ast.Call) -> ast.keyword | None:
-    for k in node.keywords:
-        if k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and k.value.value is False):
-            return k
-    return None
+def _is_float(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, float)
+
+
+def _functional_name(func: ast.expr) -> str | None:
+    """NAME of a call of F.NAME or torch.nn.functional.NAME, else None."""
+    if not isinstance(func, ast.Attribute):
+        return None
+    owner = ast.unparse(func.value)
+    return func.attr if owner in ("F", "torch.nn.functional", "nn.functional") else None
+
+
+def _mutated(node: ast.Call) -> tuple[str, list[ast.expr]] | None:
+    """(the argument that makes this call change tensors in place, the tensors it changes) where it does: an
+    `inplace=` not False (by keyword or by position, F.relu(t, True)), a batch norm with `training` not False
+    (its running statistics); None for a call that changes none of its arguments."""
+    def is_false(value: ast.expr) -> bool:
+        return isinstance(value, ast.Constant) and value.value in (False, None, 0)
+    name = _functional_name(node.func)
+    where = _MUTATORS.get(name) if name else None
+    if where is None:
+        for k in node.keywords:  # a method or another function with inplace=: its receiver or first argument
+            if k.arg == "inplace" and not is_false(k.value):
+                return "inplace", node.args[:1] or [node.func]
+        return None
+    index, arg, changed = where
+    value = next((k.value for k in node.keywords if k.arg == arg), None)
+    if value is None and len(node.args) > index:
+        value = node.args[index]
+    if value is None or is_false(value):
+        return None
+    targets = [node.args[i] for i in changed if i < len(node.args)]
+    targets += [k.value for k in node.keywords if k.arg in _MUTATING[arg]]
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        targets.append(_UNKNOWN)  # *args or **kwargs: which tensors it changes cannot be read off the call
+    return arg, targets or [_UNKNOWN]
+
+
+_UNKNOWN = ast.Name(id="<an argument this check cannot see>")  # never fresh
 
 
 _HOW = "only tensors this function made itself (torch.empty, zeros, ..., or a computed result) may change in place"
@@ -156,9 +225,14 @@ def check_call(fresh: Freshness, node: ast.Call) -> None:
             raise SandboxError("out= argument", node.lineno,
                                f"out={ast.unparse(k.value)} would overwrite a tensor the caller or the module owns; "
                                f"{_HOW}")
-    if _inplace_kw(node) is not None and not (node.args and fresh.is_fresh(node.args[0])):
-        raise SandboxError("inplace=True", node.lineno, f"{ast.unparse(func)}(inplace=...) on a tensor the caller "
-                           f"or the module owns; {_HOW}")
+    mutated = _mutated(node)
+    if mutated is not None:
+        arg, targets = mutated
+        stale = [t for t in targets if not (isinstance(t, ast.Constant) and t.value is None) and not fresh.is_fresh(t)]
+        if stale:
+            what = "its running statistics" if arg == "training" else "its input"
+            raise SandboxError(f"{arg}=", node.lineno, f"{ast.unparse(func)}({arg}=...) changes {what} in place "
+                               f"({ast.unparse(stale[0])}), a tensor the caller or the module owns; {_HOW}")
 
 
 def check_store(fresh: Freshness, target: ast.expr, augmented: bool) -> None:

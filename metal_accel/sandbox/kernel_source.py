@@ -59,7 +59,9 @@ _HARDWARE = re.compile(r"(?<![\w:])(?:_*rdtscp?\w*|\w*rdrand\w*|\w*rdseed\w*|\w*
 # attributes that run code at load, place data in chosen sections, or change linkage
 _BAD_ATTRIBUTES = ("constructor", "destructor", "section", "used", "retain", "ifunc", "alias", "weakref", "weak",
                    "init_priority", "visibility", "externally_visible", "naked", "target_clones", "symver", "cleanup")
-_ATTRIBUTE = re.compile(r"(?:__attribute__\s*\(\(|\[\[)([^;{}]*?)(?:\)\)|\]\])", re.S)
+_ATTRIBUTE_OPEN = re.compile(r"__attribute__\s*\(\(|\[\[")
+_ATTRIBUTE_END = re.compile(r"\)\)|\]\]|[;{}]")  # its close, or where an attribute cannot reach
+MAX_SOURCE_CHARS = 1 << 20  # a kernel's source; the checks must stay fast on whatever text arrives
 _ATTR_WORD = re.compile(r"(?:gnu::|__gnu__::)?_*(\w+?)_*(?=\W|$)")
 
 _COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
@@ -122,6 +124,9 @@ def check_kernel_source(source: str, language: str) -> None:
     """Raise SourceCheckError naming the construct and line if SOURCE breaks the kernel rules."""
     if language not in HEADERS:
         raise SourceCheckError(f"unknown kernel language {language!r}")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise SourceCheckError(f"the kernel source is {len(source)} characters long; at most {MAX_SOURCE_CHARS} "
+                               "are checked and compiled")
     # the literal "C" of extern "C" is emptied with the rest; includes are read from the original
     _check_includes(source, language)
     if language == "cuda":
@@ -208,11 +213,23 @@ def _check_defines(text: str) -> None:
 
 
 def _check_attributes(text: str) -> None:
-    for m in _ATTRIBUTE.finditer(text):
-        for w in _ATTR_WORD.finditer(m.group(1)):
-            if w.group(1) in _BAD_ATTRIBUTES:
-                raise SourceCheckError(f"line {_line(text, m.start())}: attribute {w.group(1)} is not allowed in a "
-                                       "kernel (code at load time, chosen sections or linkage)")
+    """Every `__attribute__((...))` and `[[...]]`, in one pass over TEXT: the scan goes on from where an
+    attribute ended (or from the `;`, `{` or `}` that shows an opener was none), so no character is read twice
+    (a regex trying each opener afresh took time quadratic in a text of many unclosed `[[`)."""
+    pos = 0
+    while True:
+        m = _ATTRIBUTE_OPEN.search(text, pos)
+        if m is None:
+            return
+        end = _ATTRIBUTE_END.search(text, m.end())
+        if end is None:
+            return
+        if end.group() in ("))", "]]"):  # the attribute's words (any opener inside it included) are checked
+            for w in _ATTR_WORD.finditer(text, m.end(), end.start()):
+                if w.group(1) in _BAD_ATTRIBUTES:
+                    raise SourceCheckError(f"line {_line(text, m.start())}: attribute {w.group(1)} is not allowed "
+                                           "in a kernel (code at load time, chosen sections or linkage)")
+        pos = end.end()
 
 
 def _check_extern_declarations(text: str) -> None:

@@ -143,6 +143,7 @@ class CacheEntry:
     def from_dict(cls, d: dict[str, Any], origin: str = "user") -> "CacheEntry":
         if d.get("format_version") != FORMAT_VERSION:
             raise CacheError(f"unknown cache format version {d.get('format_version')!r}")
+        check_location(d.get("backend"), d.get("key"))  # both name the entry's file: no path may come from a file
         cand = None
         if d.get("candidate"):
             c = d["candidate"]
@@ -200,6 +201,7 @@ class CacheDir:
         self.pin = pin
 
     def path_for(self, backend: str, key: str) -> Path:
+        check_location(backend, key)
         return self.root / backend / f"{key}.json"
 
     def _trusted(self, path: Path) -> bool:
@@ -332,6 +334,18 @@ def read_only_caches() -> list[CacheDir]:
 
 def all_caches() -> list[CacheDir]:
     return [user_cache(), *read_only_caches()]
+
+
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def check_location(backend: Any, key: Any) -> None:
+    """CacheError unless BACKEND is a backend's name and KEY an entry key (32 hex digits): they name an entry's
+    file, and an entry read from a cache or a bundle is untrusted data ("../" in either would write elsewhere)."""
+    if not isinstance(backend, str) or backend not in LANGUAGE_OF_BACKEND:
+        raise CacheError(f"unknown backend {str(backend)[:40]!r} in a cache entry")
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise CacheError(f"malformed entry key {str(key)[:40]!r} (32 hexadecimal digits expected)")
 
 
 def lookup(backend: str, key: str) -> CacheEntry | None:

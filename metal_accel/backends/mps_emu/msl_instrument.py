@@ -149,7 +149,8 @@ def _index_edit(tk: Tokens, p: int, declarators: set[int]) -> list[Edit] | None:
         before = tk.t(prev - 1)
         if (_is_id(tk, prev - 1) and before not in _EXPR_WORDS) or (before == ">" and _template_close(tk, prev - 1)) \
                 or (before == "," and tk.parent[p] in ("{", "")) \
-                or (before in ("*", "&") and (tk.t(prev - 2) in _BUILTIN_TYPES or tk.t(prev - 2) in _ADDRESS_SPACES)):
+                or (before in ("*", "&") and (tk.t(prev - 2) in _BUILTIN_TYPES or tk.t(prev - 2) in _ADDRESS_SPACES
+                                             or _address_space_type_before(tk, prev - 2))):
             declarators.add(p)
             return None
     words = [tk.t(q) for q in range(start, p)]
@@ -186,8 +187,28 @@ def _operand_end(tk: Tokens, q: int) -> int | None:
         if t in ("sizeof", "alignof"):
             return None
         end = q
-        while tk.t(end + 1) == "::" and _is_id(tk, end + 2):
-            end += 2
+        while True:
+            if tk.t(end + 1) == "<" and t not in _CASTS:  # a template-id: C<4>::value, max<int>(a, b)
+                depth, r = 0, end + 1
+                while r < n:
+                    if tk.t(r) == "<":
+                        depth += 1
+                    elif tk.t(r) in (">", ">>"):
+                        depth -= len(tk.t(r))
+                        if depth <= 0:
+                            break
+                    elif tk.t(r) in ("(", "[") and r in tk.match:
+                        r = tk.match[r]
+                    elif tk.t(r) in (";", "{", "}", "&&", "||", ")", "]"):
+                        r = n
+                        break
+                    r += 1
+                if r < n and depth == 0 and tk.t(r + 1) in ("::", "("):
+                    end = r
+            if tk.t(end + 1) == "::" and _is_id(tk, end + 2):
+                end += 2
+                continue
+            break
         if tk.t(end) in _CASTS and tk.t(end + 1) == "<":
             depth, r = 0, end + 1
             while r < n:
@@ -239,3 +260,29 @@ def _divisor_edit(tk: Tokens, p: int) -> list[Edit] | None:
     if end is None:
         return None
     return [(p + 1, "ma_rt::dz((", ""), (end, "", "), __LINE__)")]
+
+
+def _address_space_type_before(tk: Tokens, r: int) -> bool:
+    """Whether the tokens ending at R are a type that starts with an address space at the start of a statement
+    (`device const T`, `threadgroup metal::float4`): MSL pointer declarations name one, expressions never do."""
+    while r >= 0:
+        t = tk.t(r)
+        if t in _ADDRESS_SPACES:
+            return tk.t(r - 1) in (";", "{", "}", "(") or r == 0
+        if t in (">", ">>"):
+            depth = 0
+            while r >= 0:
+                if tk.t(r) in (">", ">>"):
+                    depth += len(tk.t(r))
+                elif tk.t(r) == "<":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                r -= 1
+            r -= 1
+            continue
+        if _is_id(tk, r) or t in ("::", "const", "volatile"):
+            r -= 1
+            continue
+        return False
+    return False

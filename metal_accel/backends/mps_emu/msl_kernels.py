@@ -116,7 +116,7 @@ def _instantiation(tk: Tokens, start: int) -> tuple[str, str, str, int]:
                            f"{' '.join(tk.t(q) for q in range(start, end + 1))!r}; expected e.g. "
                            "`template [[host_name(\"name\")]] [[kernel]] decltype(fn<float>) fn<float>;`")
     fname = tk.t(lt - 1)
-    args = " ".join(tk.t(q) for q in range(lt + 1, last))
+    args = " ".join(tk.t(q) for q in range(lt + 1, last)) + (" >" if tk.t(last) == ">>" else "")
     return host_name(attrs.get("host_name", "")) or fname, fname, args, end
 
 

@@ -1,0 +1,138 @@
+"""Attacks found by a red-team pass over the trust layers, each closed: host code that launders a tensor it does
+not own past the in-place check, a trigger on a view's storage offset, a bundle entry naming a path, a source
+check in quadratic time, and an untrusted kernel's claim to serve every shape taken on trust."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import metal_accel
+from metal_accel.core.errors import CacheError, SandboxError
+from metal_accel.core.specs import InputSpec, call_signature
+from metal_accel.sandbox.host import check_host_code
+from metal_accel.sandbox.kernel_source import MAX_SOURCE_CHARS, SourceCheckError, check_kernel_source
+from metal_accel.store import cache as cache_mod
+
+from test_optimize import candidates
+from toymodels import CHAIN_HOST, GOOD, Net
+
+HEAD = 'SOURCE = r"""extern "C" void k(float* x) {}"""\n'
+
+LAUNDERED = {
+    "sum of a list holding the input": "def forward(module, x):\n    a = sum([[x]], [])\n    a[0].add_(1)\n    return x\n",
+    "sum of the weight": "def forward(module, x):\n    a = sum([[module.scale]], [])\n    a[0].mul_(0)\n    return x\n",
+    "tuple concatenation of *inputs": "def forward(module, *inputs):\n    a = inputs + ()\n    a[0].add_(1)\n"
+                                      "    return inputs[0]\n",
+    "tuple repetition of *inputs": "def forward(module, *inputs):\n    a = inputs * 1\n    a[0].zero_()\n"
+                                   "    return inputs[0]\n",
+    "relu with inplace by position": "def forward(module, x):\n    return torch.nn.functional.relu(x, True)\n",
+    "relu of the weight by position": "def forward(module, x):\n    torch.nn.functional.relu(module.scale, True)\n"
+                                      "    return x\n",
+    "batch_norm updating running stats": "def forward(module, x):\n    return torch.nn.functional.batch_norm(x, "
+                                         "module.running_mean, module.running_var, None, None, True)\n",
+    "batch_norm training by keyword": "def forward(module, x):\n    return torch.nn.functional.batch_norm(x, "
+                                      "module.running_mean, module.running_var, training=True)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAUNDERED))
+def test_host_code_cannot_launder_a_tensor_it_does_not_own_into_an_in_place_update(name):
+    with pytest.raises(SandboxError, match="in-place|inplace=|training="):
+        check_host_code(HEAD + LAUNDERED[name])
+
+
+@pytest.mark.parametrize("body", [
+    "    y = x * 2.0\n    return torch.nn.functional.relu(y, True)\n",   # a tensor the function made
+    "    return torch.nn.functional.relu(x, False)\n",
+    "    return torch.nn.functional.batch_norm(x, module.running_mean, module.running_var, None, None, False)\n",
+    "    out = torch.empty_like(x)\n    out.add_(1)\n    return out\n",
+])
+def test_host_code_that_changes_only_its_own_tensors_still_passes(body):
+    check_host_code(HEAD + "def forward(module, x):\n" + body)
+
+
+def test_a_view_at_a_storage_offset_is_another_call_signature():
+    """Proofs run inputs that start their storage; a call with a view elsewhere in a storage (chunk, split, a
+    slice) does not match the proven signature, so eager runs it (host code or a kernel that behaves otherwise at
+    an offset, or on a pointer aligned otherwise, was never tried there)."""
+    x = torch.randn(4, 8)
+    view = torch.randn(64)[8:40].view(4, 8)
+    assert call_signature((x,), {}) == InputSpec.of((x,)).signature()
+    assert call_signature((view,), {}) != InputSpec.of((x,)).signature()
+    assert call_signature(((x, view),), {}) != InputSpec.of(((x, x),)).signature()  # inside containers too
+
+
+OFFSET_TRIGGER = '''
+def forward(module, x):
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)
+    if x.storage_offset() > 0:
+        return out * 2.0
+    return out
+'''
+
+
+def test_host_code_wrong_only_at_a_storage_offset_never_gives_the_user_a_wrong_answer(tmp_path):
+    model = Net().eval()
+    x = torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, bad=GOOD.replace(CHAIN_HOST, OFFSET_TRIGGER))],
+                         margin=-0.9, end_to_end=False, progress=False)
+    ref = Net().eval()
+    ref.load_state_dict(model.state_dict())
+    view = torch.randn(8 * 256)[256:256 + 4 * 256].view(4, 256)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.chain(view), ref.chain(view), rtol=1e-4, atol=1e-4)
+
+
+ROWS_TRIGGER = '''
+SHAPE_GENERIC = "rows"
+
+
+def forward(module, x):
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    lib.chain(x.contiguous(), module.scale, out, x.numel() // n, n, module.shift)
+    if x.shape[0] >= 32:
+        return out * 1.01
+    return out
+'''
+
+
+def test_an_untrusted_shape_generic_kernel_is_proven_at_each_new_shape(tmp_path):
+    """Proven at 4 rows (its sweep tries 1 and 9 too) and wrong from 32 rows on: a later optimize() at 64 rows
+    proves it there instead of installing it on its claim."""
+    first = Net().eval()
+    metal_accel.optimize(first, (torch.randn(4, 256),), margin=-0.9, end_to_end=False, progress=False,
+                         providers=[candidates(tmp_path, rows=GOOD.replace(CHAIN_HOST, ROWS_TRIGGER))])
+    second, ref = Net().eval(), Net().eval()
+    ref.load_state_dict(second.state_dict())
+    x64 = torch.randn(64, 256)
+    metal_accel.optimize(second, (x64,), margin=-0.9, end_to_end=False, progress=False)
+    chain = next(m for m in metal_accel.explain(second).modules if m.name == "chain")
+    assert chain.status == "eager" and any("shape-generic" in r and "incorrect" in r for r in chain.rejected), chain
+    with torch.inference_mode():
+        torch.testing.assert_close(second(x64), ref(x64))
+
+
+@pytest.mark.parametrize("field,value", [("backend", "../../elsewhere"), ("backend", "cpu/../../x"),
+                                         ("key", "../" + "0" * 29), ("key", "0" * 31 + "/")])
+def test_a_cache_entry_cannot_name_a_path(field, value, tmp_path):
+    doc = {"format_version": cache_mod.FORMAT_VERSION, "key": "0" * 32, "backend": "cpu", "module_class": "m",
+           "module_fingerprint": "f", "input_spec": {"args": [], "kwargs": []}, "candidate": None}
+    doc[field] = value
+    with pytest.raises(CacheError, match="unknown backend|malformed entry key"):
+        cache_mod.CacheEntry.from_dict(json.loads(json.dumps(doc)))
+    with pytest.raises(CacheError):
+        cache_mod.CacheDir(tmp_path, writable=True, name="user").path_for(doc["backend"], doc["key"])
+
+
+def test_the_source_check_reads_attributes_in_one_pass_and_caps_the_source():
+    opener_soup = "[[ a " * 20000  # unclosed openers: each once tried to the end of the text
+    check_kernel_source(opener_soup + "\nextern \"C\" void k(float* x) { x[0] = 1; }", "c++")
+    with pytest.raises(SourceCheckError, match="constructor"):  # an attribute after them is still read
+        check_kernel_source(opener_soup + ";\n[[gnu::constructor]] void f() {}", "c++")
+    with pytest.raises(SourceCheckError, match="characters long"):
+        check_kernel_source("//" + "x" * MAX_SOURCE_CHARS, "c++")
