@@ -122,3 +122,22 @@ def test_optimize_prestarts_the_worker_only_for_calls_with_a_candidate_to_prove(
     assert asked == [("cpu", "cpu")]  # the Chain's candidate; the Linear has none (and no LLM is asked)
     with torch.inference_mode():
         torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-4)  # the proof's float32 tolerance
+
+
+def test_the_build_directory_exists_before_a_worker_confines_itself(monkeypatch, tmp_path):
+    """The worker is granted the build directory (read-only) when it confines itself, and nothing is granted for a
+    path not there yet: a worker started before the first build (prestart, on a GPU whose worker builds nothing
+    itself) then could not load any kernel ("Permission denied"), every proof failed."""
+    from metal_accel.core import config
+    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path / "fresh-cache"))
+    seen: list[bool] = []
+
+    def popen(*args, **kwargs):
+        seen.append(config.build_dir().is_dir())
+        raise OSError("not started in this test")
+    monkeypatch.setattr(worker_mod.subprocess, "Popen", popen)
+    w = worker_mod.Worker()
+    with pytest.raises(OSError):
+        w._start("cuda", "cuda:0", 1.0)
+    assert seen == [True]
+    w.close()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from metal_accel.backends.cuda import backend as cb
+from metal_accel.backends.cuda import nvrtc as cuda_nvrtc
 from metal_accel.backends.cuda.signature import ArgBinder, cooperative_dims, launch_dims, parse_cuda_kernels
 from metal_accel.proof.speed import TimingRejected, compare_speed
 from metal_accel.core.errors import BackendUnavailableError, CompileError, KernelLaunchError
@@ -292,13 +293,13 @@ def test_compile_caches_on_disk(monkeypatch, isolated_user_cache):
     monkeypatch.setattr(cb.CudaBackend, "target", lambda self, device=None: ("sm_90", True))
     cb.clear_memory_cache()
     be = cb.CudaBackend()
-    before = cb.cuda_nvrtc.compile_count
+    before = cuda_nvrtc.compile_count
     lib = be.compile(SAXPY)
-    assert lib.kernel_names == ("saxpy",) and lib.compiled_now and cb.cuda_nvrtc.compile_count == before + 1
+    assert lib.kernel_names == ("saxpy",) and lib.compiled_now and cuda_nvrtc.compile_count == before + 1
     assert lib.path.parent == isolated_user_cache / "build" / "cuda" and lib.path.suffix == ".cubin"
     cb.clear_memory_cache()
     again = be.compile(SAXPY)
-    assert not again.compiled_now and cb.cuda_nvrtc.compile_count == before + 1 and again.path == lib.path
+    assert not again.compiled_now and cuda_nvrtc.compile_count == before + 1 and again.path == lib.path
     other = be.compile(SAXPY.replace("a * x[i]", "x[i] * a"))
     assert other.path != lib.path
     with pytest.raises(CompileError, match="NVRTC"):

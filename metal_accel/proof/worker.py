@@ -136,6 +136,9 @@ class Worker:
             self.close()
         if self._proc is None:
             t0 = time.monotonic()
+            # the worker may read the build directory only: it is granted when the worker confines itself, which
+            # grants nothing for a path that does not exist yet (a worker started before the first build)
+            config.build_dir().mkdir(parents=True, exist_ok=True)
             self._scratch = Path(tempfile.mkdtemp(prefix="metal_accel_worker_"))
             self._stderr = tempfile.TemporaryFile()
             cmd, env = launch(backend, device, self._scratch)
