@@ -136,3 +136,29 @@ def test_the_source_check_reads_attributes_in_one_pass_and_caps_the_source():
         check_kernel_source(opener_soup + ";\n[[gnu::constructor]] void f() {}", "c++")
     with pytest.raises(SourceCheckError, match="characters long"):
         check_kernel_source("//" + "x" * MAX_SOURCE_CHARS, "c++")
+
+
+def test_a_swapped_artifact_with_a_rewritten_build_record_is_not_loaded(tmp_path, monkeypatch):
+    """The record beside a compiled library names its sha256; rewriting both to match another library (one that
+    passes the binary check: metal_accel built it for a wrong candidate) loaded it with the proven kernel's sealed
+    verdict. The record is sealed with this user's key now, and so is a CUDA module beside its seal file."""
+    from metal_accel.backends import artifact
+    from metal_accel.backends.cuda import backend as cuda_backend
+    from metal_accel.sandbox.binary_check import sha256_of
+    monkeypatch.setenv("METAL_ACCEL_CONFIG_DIR", str(tmp_path / "config"))
+    lib = tmp_path / "kernel.so"
+    lib.write_bytes(b"the proven kernel")
+    rec = {"sha256": sha256_of(lib), "backend": "cpu", "binary_check": "",
+           "seal": artifact.attest.seal_artifact(lib.name, sha256_of(lib))}
+    artifact.record_path(lib).write_text(json.dumps(rec))
+    assert artifact._problem(lib, None, None, recheck=False) is None  # type: ignore[arg-type]
+    lib.write_bytes(b"another library")
+    artifact.record_path(lib).write_text(json.dumps({**rec, "sha256": sha256_of(lib)}))
+    assert "seal" in artifact._problem(lib, None, None, recheck=False)  # type: ignore[arg-type,operator]
+
+    module = tmp_path / "k.cubin"
+    module.write_bytes(b"proven module")
+    cuda_backend._seal_path(module).write_text(artifact.attest.seal_artifact(module.name, cuda_backend._sha256(b"proven module")))
+    assert cuda_backend._sealed(module)
+    module.write_bytes(b"another module")
+    assert not cuda_backend._sealed(module)

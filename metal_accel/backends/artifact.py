@@ -1,9 +1,9 @@
 """Compiled kernel libraries on disk: checked when built, checked again before the first load.
 
-Building writes `<artifact>.check.json` (the artifact's sha256 and the binary check's verdict) before
-the artifact itself appears. Before a process first loads an artifact, its sha256 is recomputed and
+Building writes `<artifact>.check.json` (the artifact's sha256, the binary check's verdict, and this user's
+seal of the sha256: store/attest.py) before the artifact itself appears. Before a process first loads an artifact, its sha256 is recomputed and
 compared with that record and the binary check runs again (about 10 ms), so neither a swapped or
-truncated file nor an edited record is loaded. A mismatch deletes the artifact and rebuilds it once;
+truncated file nor an edited record (nor both rewritten to match: the seal) is loaded. A mismatch deletes the artifact and rebuilds it once;
 a second failure is a CompileError that says so.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Callable
 import filelock
 
 from ..core.errors import CompileError
+from ..store import attest
 from ..sandbox.binary_allow import Policy
 from ..sandbox.binary_check import (
     DEFAULT_BASELINE,
@@ -57,7 +58,8 @@ def baseline(cxx: str, flags: tuple[str, ...], include_dir: str, unit: str = EMP
 def check_and_place(built: Path, artifact: Path, policy: Policy, base: Baseline) -> Verdict:
     """Binary-check BUILT (raises BinaryCheckError), write ARTIFACT's record, then move BUILT to ARTIFACT."""
     verdict = check_shared_object(built, policy, base)
-    rec = {"sha256": verdict.sha256, "backend": policy.backend, "binary_check": verdict.summary}
+    rec = {"sha256": verdict.sha256, "backend": policy.backend, "binary_check": verdict.summary,
+           "seal": attest.seal_artifact(artifact.name, verdict.sha256)}
     fd, tmp = tempfile.mkstemp(dir=artifact.parent, prefix=artifact.name + ".", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(rec, f)
@@ -82,6 +84,8 @@ def _problem(artifact: Path, policy: Policy, base: Baseline, recheck: bool = Tru
         return f"cannot be read ({e.strerror})"
     if actual != recorded:
         return "changed on disk after it was built (its sha256 differs from the build record)"
+    if not attest.artifact_sealed(artifact.name, recorded, str(rec.get("seal", ""))):
+        return "has a build record this user's library did not write (no valid seal)"
     if not recheck:
         return None
     try:

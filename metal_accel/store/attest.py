@@ -132,4 +132,39 @@ def verify(entry_key: str, candidate_digest: str, env_id: str, content: dict[str
     return bool(expected) and hmac.compare_digest(expected, mark)
 
 
-__all__ = ["config_dir", "key_path", "seal", "user_key", "verify"]
+def existing_key() -> bytes | None:
+    """This user's key if it exists already (never created here): a confined worker, whose config directory is its
+    scratch, has none and leaves seals unchecked; the caller checked them before it sent the work."""
+    path = key_path()
+    with _lock:
+        if str(path) in _keys:
+            return _keys[str(path)]
+    try:
+        return _read_key(path) if path.exists() else None
+    except OSError:
+        return None
+
+
+def _artifact_message(name: str, sha256: str) -> bytes:
+    return json.dumps({"v": SEAL_VERSION, "artifact": name, "sha256": sha256}, sort_keys=True).encode()
+
+
+def seal_artifact(name: str, sha256: str) -> str:
+    """This user's seal of a compiled artifact named NAME with these bytes ('' without a key): its build record
+    beside it can then only be rewritten to match another file by someone holding the key."""
+    key = user_key()
+    return hmac.new(key, _artifact_message(name, sha256), hashlib.sha256).hexdigest() if key else ""
+
+
+def artifact_sealed(name: str, sha256: str, mark: str) -> bool:
+    """Whether MARK is this user's seal of the artifact NAME with these bytes; True where no key exists here (a
+    confined process, which loads only what its caller checked)."""
+    key = existing_key()
+    if key is None:
+        return True
+    expected = hmac.new(key, _artifact_message(name, sha256), hashlib.sha256).hexdigest()
+    return bool(mark) and hmac.compare_digest(expected, mark)
+
+
+__all__ = ["artifact_sealed", "config_dir", "existing_key", "key_path", "seal", "seal_artifact", "user_key",
+           "verify"]

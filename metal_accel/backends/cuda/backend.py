@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 import platform
 import sys
@@ -29,6 +30,7 @@ import torch
 
 from ...core import config
 from ...core.errors import BackendUnavailableError, CompileError, KernelLaunchError
+from ...store import attest
 from ..base import (
     BackendDefaults,
     BoundKernels,
@@ -299,6 +301,26 @@ def clear_memory_cache() -> None:
     _libraries.clear()
 
 
+def _seal_path(path: Path) -> Path:
+    return path.with_name(path.name + ".seal")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sealed(path: Path, code: bytes | None = None) -> bool:
+    """PATH exists and is the module this user's library compiled (its seal, store/attest.py, names its bytes): a
+    module swapped in the build directory with its seal file is compiled anew. True without a key here (the
+    confined worker loads what its caller compiled and checked)."""
+    try:
+        data = path.read_bytes() if code is None else code
+        mark = _seal_path(path).read_text() if _seal_path(path).exists() else ""
+    except OSError:
+        return False
+    return attest.artifact_sealed(path.name, _sha256(data), mark)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
     try:
@@ -349,15 +371,18 @@ class CudaBackend(BackendDefaults):
         if lib is not None:
             return lib
         compiled_now = False
-        if not path.exists():
+        if not _sealed(path):
             directory.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(path.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S):
-                if not path.exists():
+                if not _sealed(path):  # missing, or not the module this user's library compiled: compiled anew
                     code = nvrtc_compile(source, arch, options, cubin)
                     check_device_state(code, cubin)
+                    _write_atomic(_seal_path(path), attest.seal_artifact(path.name, _sha256(code)).encode())
                     _write_atomic(path, code)
                     compiled_now = True
         code = path.read_bytes()
+        if not compiled_now and not _sealed(path, code):
+            raise CompileError(f"the compiled module {path.name} changed on disk while it was loaded; not loaded")
         check_device_state(code, cubin)  # a cached module is checked again before it is loaded
         lib = _libraries[str(path)] = CudaLibrary(code, signatures, path, compiled_now)
         return lib
