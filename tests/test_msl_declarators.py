@@ -1,7 +1,8 @@
 """Valid Metal the emulator's translator once rejected (found by kernels written in the idioms of ggml and MLX):
 an array of pointers to a template type (`device const T * ax[N]`, ggml's mul_mv), an instantiation whose
 arguments end in `>>` (`decltype(f<float, Op<float>>) f<float, Op<float>>`, MLX's instantiate_kernel), and a
-divisor that is a template-id (`a / Traits<4>::pack`, `a / max<int>(b, 1)`); `a / b < c` stays a comparison."""
+divisor that is a template-id (`a / Traits<4>::pack`, `a / max<int>(b, 1)`), an unnamed pointer-to-array type in a
+cast (`(threadgroup float (*)[9]) flat`); `a / b < c` stays a comparison."""
 from __future__ import annotations
 
 import pytest
@@ -41,6 +42,15 @@ template [[host_name("tripled_f32")]] [[kernel]] decltype(unary<float, Tripled<f
 
 template <int bits> struct Packing { static constexpr constant int per_word = 32 / bits; };
 
+kernel void transpose8(device const float * in [[buffer(0)]], device float * out [[buffer(1)]],
+                       uint2 lid [[thread_position_in_threadgroup]]) {
+    threadgroup float flat[8 * 9];
+    threadgroup float (*tile)[9] = (threadgroup float (*)[9]) flat;
+    tile[lid.y][lid.x] = in[lid.y * 8 + lid.x];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[lid.y * 8 + lid.x] = tile[lid.x][lid.y];
+}
+
 kernel void divide(device const int * a [[buffer(0)]], device int * out [[buffer(1)]],
                    uint i [[thread_position_in_grid]]) {
     int by_traits = a[i] / Packing<4>::per_word;
@@ -68,3 +78,7 @@ def test_ggml_and_mlx_declarators_and_template_ids_compile_and_compute():
     i = torch.arange(16, dtype=torch.int32)
     want = torch.stack([a // 8, a // i.clamp(min=1), (a // 8 < i).int()], dim=1).reshape(-1)
     torch.testing.assert_close(got, want)
+    m = torch.randn(8, 8)
+    t = torch.empty(64)
+    lib.transpose8(m.reshape(-1), t, threads=(8, 8), group_size=(8, 8))
+    torch.testing.assert_close(t.view(8, 8), m.t())

@@ -112,9 +112,12 @@ def _template_close(tk: Tokens, q: int) -> bool:
 
 def _paren_declarator(tk: Tokens, close: int) -> bool:
     """Whether the parentheses closing at CLOSE hold the declarator of a pointer or reference to an array
-    (`(&a)`, `(*rows)`) after a type: `(*p)[i]` in an expression follows an operator, `(` or a keyword."""
+    (`(&a)`, `(*rows)`, or unnamed in a cast's type: `(threadgroup float (*)[9]) flat`) after a type: `(*p)[i]`
+    in an expression follows an operator, `(` or a keyword."""
     lp = tk.match.get(close)
-    if lp is None or close - lp != 3 or tk.t(lp + 1) not in ("*", "&", "&&") or not _is_id(tk, lp + 2):
+    if lp is None or tk.t(lp + 1) not in ("*", "&", "&&"):
+        return False
+    if not (close - lp == 3 and _is_id(tk, lp + 2) or close - lp == 2):
         return False
     before = tk.t(lp - 1)
     return (_is_id(tk, lp - 1) and before not in _EXPR_WORDS) or before in ("*", "&") or (
