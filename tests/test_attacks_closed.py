@@ -162,3 +162,23 @@ def test_a_swapped_artifact_with_a_rewritten_build_record_is_not_loaded(tmp_path
     assert cuda_backend._sealed(module)
     module.write_bytes(b"another module")
     assert not cuda_backend._sealed(module)
+
+
+def test_inside_a_users_torch_compile_the_kernel_stays_one_graph_and_never_sees_an_offset(tmp_path):
+    """dynamo breaks its graph on `storage_offset()`, so the traced dispatcher keys the call without offsets (one
+    graph, the kernel's custom op in it); the op copies an input at an offset to one that starts its storage, so
+    host code wrong only at an offset still gives the right answer there."""
+    import torch._dynamo
+    model = Net().eval()
+    x = torch.randn(4, 256)
+    metal_accel.optimize(model, (x,), providers=[candidates(tmp_path, bad=GOOD.replace(CHAIN_HOST, OFFSET_TRIGGER))],
+                         margin=-0.9, end_to_end=False, progress=False)
+    assert next(m for m in metal_accel.explain(model).modules if m.name == "chain").status == "kernel"
+    ref = Net().eval()
+    ref.load_state_dict(model.state_dict())
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(model.chain)(x)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0
+        compiled = torch.compile(model.chain, backend="eager", dynamic=False)
+        view = torch.randn(8 * 256)[256:256 + 4 * 256].view(4, 256)
+        torch.testing.assert_close(compiled(view), ref.chain(view), rtol=1e-4, atol=1e-4)

@@ -284,14 +284,14 @@ def _arg_from_dict(d: dict[str, Any]) -> ArgSpec:
     return ScalarSpec(tuple(value) if isinstance(value, list) else value)
 
 
-def _runtime_signature(value: Any) -> Any:
+def _runtime_signature(value: Any, offsets: bool = True) -> Any:
     if isinstance(value, torch.Tensor):  # torch.Size hashes and compares equal to the tuple
         # is_cpu / is_cuda first: `value.device` builds a torch.device object (a quarter microsecond)
         kind = "cpu" if value.is_cpu else "cuda" if value.is_cuda else value.device.type
         try:
             # a view at a storage offset is another signature: proofs run inputs that start their storage, so a
             # kernel (or its host code) that behaves otherwise at an offset was never tried there: eager runs it
-            return (value.shape, value.stride(), value.dtype, kind, value.storage_offset() == 0)
+            return (value.shape, value.stride(), value.dtype, kind, not offsets or value.storage_offset() == 0)
         except RuntimeError:  # a nested or sparse tensor: a signature no kernel is keyed on
             return ("unkeyed", id(value))
     cls = type(value)
@@ -300,16 +300,16 @@ def _runtime_signature(value: Any) -> Any:
     if cls is tuple or cls is list or cls is torch.Size:
         for v in value:
             if type(v) not in _SCALAR_TYPES:  # a container of tensors: (class, context, children)
-                return (cls, None, tuple([_runtime_signature(c) for c in value]))
+                return (cls, None, tuple([_runtime_signature(c, offsets) for c in value]))
         return ("s", value if cls is not list else tuple(value))
     if not _is_node(cls):
         return ("s", value)  # an object no kernel is keyed on: hashed by identity, or unhashable
-    return _node_signature(value, cls)
+    return _node_signature(value, cls, offsets)
 
 
-def _node_signature(value: Any, cls: type) -> tuple:
+def _node_signature(value: Any, cls: type, offsets: bool = True) -> tuple:
     children, context = _children(value, cls)
-    return (cls, context, tuple([_runtime_signature(c) for c in children]))
+    return (cls, context, tuple([_runtime_signature(c, offsets) for c in children]))
 
 
 def _spec_signature(spec: ArgSpec) -> Any:
@@ -320,12 +320,14 @@ def _spec_signature(spec: ArgSpec) -> Any:
     return ("s", spec.value)
 
 
-def call_signature(args: tuple, kwargs: dict) -> tuple:
+def call_signature(args: tuple, kwargs: dict, offsets: bool = True) -> tuple:
     """Hashable signature of a call, cheap enough for the dispatch hot path: per argument its tensor
-    spec, scalar value, or container class, context and children's signatures."""
-    sig = tuple([_runtime_signature(a) for a in args])
+    spec, scalar value, or container class, context and children's signatures. OFFSETS False: every tensor
+    counts as starting its storage (for dynamo, which breaks its graph on `storage_offset()`; the kernel's op then
+    copies such an input itself, runtime/ops.py)."""
+    sig = tuple([_runtime_signature(a, offsets) for a in args])
     if kwargs:
-        sig += tuple((k, _runtime_signature(kwargs[k])) for k in sorted(kwargs))
+        sig += tuple((k, _runtime_signature(kwargs[k], offsets)) for k in sorted(kwargs))
     return sig
 
 

@@ -172,7 +172,7 @@ class Dispatcher:
         if self.resolver is not None:
             return None
         try:
-            op = self.table.get(call_signature(args, kwargs))
+            op = self.table.get(call_signature(args, kwargs, offsets=False))
         except TypeError:
             return None
         return op if isinstance(op, KernelOp) else None

@@ -116,6 +116,8 @@ class KernelOp:
         return self._view
 
     def _impl(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
+        if any(t.storage_offset() for t in tensors):  # reached from a compiled graph, which does not see offsets:
+            tensors = [_at_storage_start(t) for t in tensors]  # the kernel runs only on what its proof tried
         if self._tensors_only:
             return _as_list(self._host(self._module_view(state), *tensors))
         it = iter(tensors)
@@ -150,6 +152,14 @@ class KernelOp:
         if self._plain_out:
             return outs[0] if self.output_spec.single else tuple(outs)
         return self.output_spec.rebuild(list(outs))  # the call's own container: ModelOutput, tuple with None
+
+
+def _at_storage_start(t: torch.Tensor) -> torch.Tensor:
+    """T, or a copy of it with the same shape and strides that starts its own storage when T is a view at an offset."""
+    if not t.storage_offset():
+        return t
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def _as_list(out: Any) -> list[torch.Tensor]:
