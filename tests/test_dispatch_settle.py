@@ -77,3 +77,24 @@ def test_a_patched_instance_gets_its_own_forward_back_and_stays_exact():
     finally:
         Scale.forward = hook._patched.pop(Scale)
         dispatch.ORIGINAL_FORWARDS.pop(Scale, None)
+
+
+class ScaledSequential(nn.Sequential):
+    """Like torchvision's Conv2dNormActivation: an nn.Sequential subclass with no forward of its own."""
+
+
+def test_a_class_that_inherits_its_forward_is_patched_and_put_back():
+    plan = hook.ClassPlan(f"{ScaledSequential.__module__}.{ScaledSequential.__qualname__}", "", any_shape=True)
+    assert "forward" not in vars(ScaledSequential)
+    assert hook.patch_class(ScaledSequential, plan)
+    try:
+        m, x = ScaledSequential(Scale()).eval(), torch.randn(5)
+        plain = nn.Sequential(Scale()).eval()
+        with torch.inference_mode():
+            assert torch.equal(m(x), x * 2) and torch.equal(plain(x), x * 2)
+        assert hook._AUTO_ATTR in m.__dict__  # its calls reach the auto dispatcher
+        assert hook._AUTO_ATTR not in plain.__dict__  # nn.Sequential itself is untouched
+        assert dispatch.eager_forward(m).__func__ is nn.Sequential.forward
+    finally:
+        hook.deactivate()
+    assert "forward" not in vars(ScaledSequential) and ScaledSequential.forward is nn.Sequential.forward

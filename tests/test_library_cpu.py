@@ -377,6 +377,27 @@ def test_layer_norm_gpt2_ln_and_float32_params_on_bf16(tmp_path):
     assert_proven(prove(tmp_path, m, make_input((2, 7, 96), torch.bfloat16), kernel_file("layer_norm"), GLUE_LN))
 
 
+@pytest.mark.needs_cxx
+def test_layer_norm_is_exact_on_constant_rows_at_vits_eps():
+    """eps 1e-6 (timm's ViT and DeiT, torchvision's ConvNeXt): a constant row's answer is the bias. Eager's
+    x * rstd + (-mean * rstd), contracted by the compiler into one FMA, left -mean * rstd's rounding times 1e3
+    (1e-4 off), so the proof's structured rows rejected the kernel on every such LayerNorm."""
+    from metal_accel.backends import get_backend
+    from metal_accel.sandbox.host import load_forward
+    dim = 192
+    m = torch.nn.LayerNorm(dim, eps=1e-6).eval()
+    with torch.no_grad():
+        m.weight.normal_(1.0, 0.3)
+        m.bias.normal_(0.0, 0.3)
+    x = torch.full((4, dim), 0.375)  # constants whose row sums are exact (the proof's all-equal rows are such)
+    x[1], x[2], x[3] = -17.25, 3.0, 0.0
+    cand = parse_candidate(kernel_file("layer_norm") + "\n\n" + GLUE_LN, "cpu", "layer_norm")
+    forward = load_forward(cand.code, get_backend("cpu").compile(cand.source))
+    with torch.inference_mode():
+        got = forward(m, x)
+    torch.testing.assert_close(got, m.bias.detach().expand(4, dim), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.slow
 @pytest.mark.needs_cxx

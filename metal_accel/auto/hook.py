@@ -60,6 +60,7 @@ class ClassPlan:
 
 
 _plans: dict[str, ClassPlan] = {}
+_inherited: set[type] = set()  # patched classes whose forward was inherited
 _pending: dict[str, list[str]] = {}  # module name -> class paths waiting for it to be imported
 _patched: dict[type, Callable[..., Any]] = {}
 _lock = threading.RLock()
@@ -200,7 +201,10 @@ def _patch_module(module_name: str) -> None:
 
 def patch_class(cls: type, plan: ClassPlan) -> bool:
     """Replace cls.forward with the auto-dispatching forward; False if the source has changed."""
-    if cls in _patched or "forward" not in vars(cls):
+    if cls in _patched:
+        return False
+    original = own_forward(cls)
+    if original is None:
         return False
     try:
         if plan.class_source_sha and class_source_sha(cls) != plan.class_source_sha:
@@ -208,12 +212,24 @@ def patch_class(cls: type, plan: ClassPlan) -> bool:
             return False
     except UnsupportedCall:
         return False
-    original = vars(cls)["forward"]
+    if "forward" not in vars(cls):  # inherited (torchvision's Conv2dNormActivation is an nn.Sequential): the
+        _inherited.add(cls)         # wrapper goes on the class itself, and is deleted again by deactivate()
     ORIGINAL_FORWARDS[cls] = original
     _patched[cls] = original
     cls.forward = _script_transparent(
         _dispatching_forward(cls, original, None if plan.any_shape else frozenset(plan.shapes)), original)
     return True
+
+
+def own_forward(cls: type) -> Callable[..., Any] | None:
+    """The forward function CLS runs unpatched: its own, or the nearest base class's (that class's original where
+    it is patched too); None where there is no plain function to wrap."""
+    for klass in cls.__mro__:
+        fn = vars(klass).get("forward")
+        if fn is not None:
+            fn = ORIGINAL_FORWARDS.get(klass, fn)
+            return fn if isinstance(fn, types.FunctionType) else None
+    return None
 
 
 def _dispatching_forward(cls: type, original: Callable[..., Any], shapes: frozenset | None) -> Callable[..., Any]:
@@ -320,9 +336,13 @@ def deactivate() -> None:
     with _lock:
         _active = False
         for cls, original in _patched.items():
-            cls.forward = original  # type: ignore[attr-defined]
+            if cls in _inherited:
+                del cls.forward  # type: ignore[attr-defined]
+            else:
+                cls.forward = original  # type: ignore[attr-defined]
             ORIGINAL_FORWARDS.pop(cls, None)
         _patched.clear()
+        _inherited.clear()
         _pending.clear()
         _plans.clear()
         if _finder in sys.meta_path:

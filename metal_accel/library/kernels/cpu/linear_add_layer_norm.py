@@ -70,9 +70,8 @@ static inline void add_ln_row(X* h, const X* r, const W* w, const W* b, int dim,
     q += d * d;
   }
   const float rstd = 1.0f / std::sqrt(q / (float)dim + eps);
-  const float shift = -mean * rstd;
   #pragma omp simd
-  for (int i = 0; i < dim; ++i) st(h, i, (ld(h, i) * rstd + shift) * ld(w, i) + ld(b, i));
+  for (int i = 0; i < dim; ++i) st(h, i, (ld(h, i) - mean) * rstd * ld(w, i) + ld(b, i));
 }
 
 template <typename X, typename W>
