@@ -96,6 +96,24 @@ class Freshness:
             stale = {name for name, value in self.bindings if name in self.fresh and not self.is_fresh(value)}
             self.fresh -= stale
             changed = bool(stale)
+        # names whose value is new as a whole though its parts may not be: `y = x * 2` is a new tensor, or (x a
+        # tuple) a new tuple of x's tensors; y.add_(1) then changes only y, y[0].add_(1) may change x's
+        self.whole = {name for name, _ in self.bindings} - params
+        changed = True
+        while changed:
+            stale = {name for name, value in self.bindings if name in self.whole and not self.is_whole(value)}
+            self.whole -= stale
+            changed = bool(stale)
+
+    def is_whole(self, node: ast.expr) -> bool:
+        """NODE's value is one the function made, though (a sequence) it may hold tensors the function did not."""
+        if self.is_fresh(node):
+            return True
+        if isinstance(node, ast.Name):
+            return node.id in self.whole
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            return self._operand(node.left) and self._operand(node.right)
+        return False
 
     def _bind(self, target: ast.expr, value: ast.expr) -> None:
         if isinstance(target, ast.Name):
@@ -186,6 +204,9 @@ def _mutated(node: ast.Call) -> tuple[str, list[ast.expr]] | None:
     `inplace=` not False (by keyword or by position, F.relu(t, True)), a batch norm with `training` not False
     (its running statistics); None for a call that changes none of its arguments."""
     def is_false(value: ast.expr) -> bool:
+        if isinstance(value, ast.Attribute) and value.attr == "training":  # module....training: False whenever
+            root = _root(value)                                             # host code runs (kernels are for eval)
+            return isinstance(root, ast.Name) and root.id == "module"
         return isinstance(value, ast.Constant) and value.value in (False, None, 0)
     name = _functional_name(node.func)
     where = _MUTATORS.get(name) if name else None
@@ -217,18 +238,18 @@ def check_call(fresh: Freshness, node: ast.Call) -> None:
     """Raise SandboxError where the call changes a tensor in place that the function did not make."""
     func = node.func
     if isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_") \
-            and not fresh.is_fresh(func.value):
+            and not fresh.is_whole(func.value):
         raise SandboxError("in-place update", node.lineno,
                            f"{ast.unparse(func)}() would change a tensor the caller or the module owns; {_HOW}")
     for k in node.keywords:
-        if k.arg == "out" and not fresh.is_fresh(k.value):
+        if k.arg == "out" and not fresh.is_whole(k.value):
             raise SandboxError("out= argument", node.lineno,
                                f"out={ast.unparse(k.value)} would overwrite a tensor the caller or the module owns; "
                                f"{_HOW}")
     mutated = _mutated(node)
     if mutated is not None:
         arg, targets = mutated
-        stale = [t for t in targets if not (isinstance(t, ast.Constant) and t.value is None) and not fresh.is_fresh(t)]
+        stale = [t for t in targets if not (isinstance(t, ast.Constant) and t.value is None) and not fresh.is_whole(t)]
         if stale:
             what = "its running statistics" if arg == "training" else "its input"
             raise SandboxError(f"{arg}=", node.lineno, f"{ast.unparse(func)}({arg}=...) changes {what} in place "
@@ -240,7 +261,7 @@ def check_store(fresh: Freshness, target: ast.expr, augmented: bool) -> None:
     if isinstance(target, ast.Subscript) and not fresh.is_fresh(target.value):
         raise SandboxError("subscript assignment", target.lineno,
                            f"{ast.unparse(target)} = ... would change a tensor the caller or the module owns; {_HOW}")
-    if augmented and isinstance(target, ast.Name) and target.id not in fresh.fresh:
+    if augmented and isinstance(target, ast.Name) and target.id not in fresh.whole:
         raise SandboxError("augmented assignment", target.lineno,
                            f"{target.id} may be a tensor the caller or the module owns, and an augmented assignment "
                            f"changes a tensor in place; write {target.id} = {target.id} <op> ... instead")
