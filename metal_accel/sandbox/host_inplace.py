@@ -24,6 +24,7 @@ out.narrow(1, 0, n).copy_(src)` pass; `w = module.weight; w.clamp_(0)` and `x.ad
 from __future__ import annotations
 
 import ast
+from typing import Callable
 
 from ..core.errors import SandboxError
 
@@ -91,19 +92,20 @@ class Freshness:
             elif isinstance(node, (ast.For, ast.comprehension)):
                 self._bind(node.target, node.iter)
         self.fresh = {name for name, _ in self.bindings} - params
-        changed = True
-        while changed:
-            stale = {name for name, value in self.bindings if name in self.fresh and not self.is_fresh(value)}
-            self.fresh -= stale
-            changed = bool(stale)
+        self._settle(self.fresh, self.is_fresh)
         # names whose value is new as a whole though its parts may not be: `y = x * 2` is a new tensor, or (x a
         # tuple) a new tuple of x's tensors; y.add_(1) then changes only y, y[0].add_(1) may change x's
         self.whole = {name for name, _ in self.bindings} - params
-        changed = True
-        while changed:
-            stale = {name for name, value in self.bindings if name in self.whole and not self.is_whole(value)}
-            self.whole -= stale
-            changed = bool(stale)
+        self._settle(self.whole, self.is_whole)
+
+    def _settle(self, names: set[str], admits: Callable[[ast.expr], bool]) -> None:
+        """Drop from NAMES, in place, each name with a binding ADMITS refuses, until none is left to drop (ADMITS
+        reads NAMES: a name stays only while every value bound to it passes with the names still in)."""
+        while True:
+            stale = {name for name, value in self.bindings if name in names and not admits(value)}
+            if not stale:
+                return
+            names -= stale
 
     def is_whole(self, node: ast.expr) -> bool:
         """NODE's value is one the function made, though (a sequence) it may hold tensors the function did not."""
