@@ -207,7 +207,7 @@ def _optimize(model: nn.Module, args: tuple, example_kwargs: dict[str, Any] | No
             return report
         if e2e is not None and (e2e.workload or {}).get("outcome") == EVERYWHERE:
             decide_later.leave(f"{WHOLE} takes every call of the workload (decided end to end)")
-        if e2e is not None and mkey:
+        if e2e is not None and mkey and e2e.remembered:
             model_verdicts.put(be.name, mkey, be.environment(),
                                model_verdicts.ModelVerdict(e2e.outcome, list(e2e.dropped), e2e.to_dict()))
     decide_later()  # none are left where the end-to-end stage needed them

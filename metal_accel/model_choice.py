@@ -60,6 +60,12 @@ class EndToEnd:
     cached: bool = False                               # applied from a model-level verdict this user's library made
     whole_with_kernels: bool = False                   # the whole-model compile chosen has our kernels in its graph
     with_kernels_speedup: float | None = None          # that variant's, when tried
+    inconclusive: bool = False                         # eager against itself strayed past RETIME_NOISE, timed twice
+
+    @property
+    def remembered(self) -> bool:
+        """Whether this verdict may be stored for later runs: not when the timing could not tell (a busy machine)."""
+        return not self.inconclusive and not (self.workload or {}).get("inconclusive")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -68,6 +74,10 @@ class EndToEnd:
         final = self.final_speedup if self.final_speedup is not None else self.speedup
         text = f"end to end: {final:.2f}x eager (self-noise ±{self.self_noise * 100:.1f}%, {self.rounds} rounds)"
         text += f"; {self.decision}" if self.decision else ""
+        if not self.remembered:
+            text += ("; inconclusive: eager timed against itself strayed too far (a busy machine), so the choices "
+                     "made alone stand where no difference showed beyond that noise, and the verdict is not "
+                     "remembered: the next optimize() times it again")
         w = self.workload or {}
         if w.get("decision") or w.get("final_speedup") or w.get("speedup"):
             text += f"; on the workload: {w.get('final_speedup') or w.get('speedup') or 1.0:.2f}x eager"
@@ -171,6 +181,7 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
             if everywhere is not None:  # first without the workload's own per-module decisions
                 w = _prove(model, args, kwargs, report, sync, budget_s, per_module, None, workload, everywhere)
                 result.workload = _workload_summary(w)
+                result.inconclusive |= w.inconclusive  # the whole model was judged on it for every call
                 result.dropped += [d for d in w.dropped if d not in result.dropped]
                 if w.outcome == EVERYWHERE:
                     return result
@@ -201,7 +212,7 @@ def prove_end_to_end(model: nn.Module, args: tuple, kwargs: dict[str, Any], repo
 
 def _workload_summary(w: EndToEnd) -> dict[str, Any]:
     return {k: getattr(w, k) for k in ("eager_us", "optimized_us", "speedup", "self_noise", "rounds", "final_speedup",
-                                       "whole_speedup", "decision", "outcome")}
+                                       "whole_speedup", "decision", "outcome", "inconclusive")}
 
 
 def _reset_counters(modules: Iterable[nn.Module]) -> None:
@@ -269,7 +280,10 @@ def _prove(model: nn.Module, args: tuple, kwargs: dict[str, Any], report: Optimi
     speedup = _paired_median(samples["eager"], samples["optimized"]) if groups else 1.0
     optimized = samples["optimized"] if groups else samples["eager"]
     result = EndToEnd(statistics.median(samples["eager"]) * 1e6, statistics.median(optimized) * 1e6,
-                      speedup, noise, len(samples["eager"]), block)
+                      speedup, noise, len(samples["eager"]), block, inconclusive=noise > RETIME_NOISE)
+    if result.inconclusive:
+        log.warning("metal_accel: end to end: eager against itself strayed ±%.0f%% twice (a busy machine); the "
+                    "verdict is not remembered", noise * 100)
     tolerance = max(log_noise, math.log1p(MIN_NOISE))  # as a log ratio: what eager against itself shows
 
     def slower(ratio: float) -> bool:  # ratio = eager-like / contender; below 1 beyond the noise

@@ -128,7 +128,10 @@ class OptimizeReport:
             e = self.end_to_end
             final = e["final_speedup"] if e.get("final_speedup") is not None else e["speedup"]
             head = (f"end to end on the example inputs: {final:.2f}x eager (self-noise ±{e['self_noise'] * 100:.1f}%)"
-                    + (f"; {e['decision']}" if e.get("decision") else "") + "\n" + head)
+                    + (f"; {e['decision']}" if e.get("decision") else "")
+                    + ("; inconclusive (a busy machine): not remembered, timed again next time"
+                       if e.get("inconclusive") or (e.get("workload") or {}).get("inconclusive") else "")
+                    + "\n" + head)
         if covered and not verbose:
             lines.append(f"(+ {len(covered)} calls inside modules that run kernels; table(verbose=True) lists them)")
         if self.time_spent:

@@ -171,3 +171,44 @@ def test_optimize_reports_the_end_to_end_figures_first(tmp_path):
     metal_accel.restore(model)
     metal_accel.optimize(model, (x,), providers=[f"dir:{tmp_path / 'cands'}"], end_to_end=False)
     assert metal_accel.explain(model).end_to_end is None
+
+
+def _busy_machine(monkeypatch, optimized_factor: float) -> list[int]:
+    """time_contenders as on a machine so busy that eager strays ±100% against itself, every time it is timed."""
+    import metal_accel.model_choice as mc
+    calls: list[int] = []
+
+    def fake(contenders, sync, budget_s, min_rounds=mc.MIN_ROUNDS):
+        calls.append(min_rounds)
+        for fn in contenders.values():
+            fn()  # the dispatchers count their hits as in a real rotation
+        n = max(min_rounds, 8)
+        eager = [1e-3 * (1 + (i % 2)) for i in range(n)]
+        samples = {name: [t * optimized_factor for t in eager] for name in contenders}
+        samples["eager"], samples["eager_again"] = eager, [1e-3 * (2 - (i % 2)) for i in range(n)]
+        return samples, 1
+    monkeypatch.setattr(mc, "time_contenders", fake)
+    return calls
+
+
+def test_a_busy_machine_makes_the_verdict_inconclusive_and_it_is_not_remembered(monkeypatch):
+    calls = _busy_machine(monkeypatch, optimized_factor=1.6)  # reads 0.62x: inside ±100% of noise
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.costly, call_signature((x,), {}), FakeOp("fused", lambda t: t + 0.3))
+    report = report_for(("costly", "Costly", "kernel"))
+    result = prove_end_to_end(model, (x,), {}, report, sync=lambda: None, budget_s=0.5)
+    assert result is not None and len(calls) == 2, calls  # timed again, longer, before deciding
+    assert result.inconclusive and not result.remembered, result
+    assert result.self_noise > 0.25 and not result.dropped  # nothing acted on inside the noise
+    assert "inconclusive" in result.describe()
+    report.end_to_end = result.to_dict()
+    assert "not remembered" in report.table()
+
+
+def test_a_quiet_machine_gives_a_verdict_that_is_remembered():
+    model, x = Pair().eval(), torch.randn(64)
+    install(model.costly, call_signature((x,), {}), FakeOp("fused", lambda t: t + 0.3))
+    result = prove_end_to_end(model, (x,), {}, report_for(("costly", "Costly", "kernel")), sync=lambda: None,
+                              budget_s=0.5)
+    assert result is not None
+    assert result.remembered == (result.self_noise <= 0.25)
