@@ -70,7 +70,18 @@ def main() -> int:
     parser.add_argument("--max-wall", type=float, default=None,
                         help="--kernelbench: seconds cap of each synth run (metal-accel synth --max-wall)")
     parser.add_argument("--no-farm", action="store_true", help="--kernelbench: one machine only, no Ray cluster run")
+    parser.add_argument("--every-problem", action="store_true",
+                        help="--kernelbench: every problem of the file; the scripted model declines those it has no "
+                             "kernel for")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="--kernelbench: one synth process per GPU of this host, bundles merged "
+                             "(synth_e2e_shards.py); the number of GPUs")
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: one process of --shards
+    parser.add_argument("--figures-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.kernelbench and args.shards:
+        from synth_e2e_shards import main as shards_main
+        return shards_main(args)
     if args.kernelbench:
         from synth_e2e_kb import main as kernelbench_main
         return kernelbench_main(args)

@@ -46,6 +46,7 @@ USAGE = (7000, 6000)  # tokens in (prompt, problem, profile) and out (reasoning 
 # The level-1 problems with a CPU kernel, those whose kernel fuses several of eager's passes first (they win
 # clearly on 2 busy cores; a single elementwise op is at par with eager's own vectorized loop)
 ORDER = (88, 94, 96, 98, 99, 25, 29, 30, 27, 31, 21, 22, 23, 24, 45)
+ROUNDS, AT_ONCE, CONCURRENCY = 3, 4, 8  # repair rounds; problems in flight; requests in flight (per process)
 MODULE = re.compile(r"metal_accel_problem_[0-9a-f]{16}")
 
 
@@ -75,26 +76,32 @@ def shrunk(row: dict, cap_mb: float) -> str:
     return re.sub(r"^batch_size\s*=\s*\d+", f"batch_size = {batch}", row["code"], count=1, flags=re.M)
 
 
-def problem_rows(limit: int, cap_mb: float, backend: str = "cpu") -> tuple[list[dict], dict[str, Path]]:
+def problem_rows(limit: int, cap_mb: float, backend: str = "cpu", every_problem: bool = False,
+                 shard: tuple[int, int] | None = None) -> tuple[list[dict], dict[str, Path]]:
     """Up to LIMIT KernelBench rows with a kernel for BACKEND, shrunk; and module name -> kernel file. CPU: the
-    level-1 problems of ORDER; other backends: every problem with a kernel, by level and id."""
+    level-1 problems of ORDER; other backends: every problem with a kernel, by level and id. EVERY_PROBLEM: also
+    the problems with no kernel (the scripted model declines those), by level and id. SHARD (k, n): the k-th of
+    every n of those rows."""
     import hashlib
     rows, kernels = [], {}
     every = [json.loads(line) for line in PROBLEMS.read_text().splitlines()]
-    if backend == "cpu":
+    if backend == "cpu" and not every_problem:
         level1 = {r["problem_id"]: r for r in every if r["level"] == 1}
         order = [level1.get(pid) for pid in ORDER]
     else:
         order = sorted(every, key=lambda r: (r["level"], r["problem_id"]))
     for row in order:
         k = kernel_for(row["name"], row["level"], row["problem_id"], backend) if row else None
-        if row is None or k is None:
+        if row is None or (k is None and not every_problem):
             continue
-        row = {**row, "code": shrunk(row, cap_mb)}
+        row = {**row, "code": shrunk(row, cap_mb), "scripted": k is not None}
         rows.append(row)
-        kernels["metal_accel_problem_" + hashlib.sha256(row["code"].encode()).hexdigest()[:16]] = k
+        if k is not None:
+            kernels["metal_accel_problem_" + hashlib.sha256(row["code"].encode()).hexdigest()[:16]] = k
         if len(rows) >= limit:
             break
+    if shard is not None:
+        rows = rows[shard[0]:: shard[1]]
     return rows, kernels
 
 
@@ -138,6 +145,8 @@ class Script:
             self.served.append(Served(now, now + delay))
         path = self.kernels.get(found.group(0)) if found else None
         if path is None:
+            with self._lock:
+                self.drawn["declined"] = self.drawn.get("declined", 0) + 1
             return Reply("I cannot write a kernel for this module.", delay=delay, usage=USAGE)
         code = path.read_text()
         roll, edge = rng.random(), 0.0
@@ -212,10 +221,15 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
             "lost_to_format": lost,
             "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
             "in_flight_mean": mean, "in_flight_peak": peak,
-            "per_kernel_usd": cost / accepted if accepted else float("nan"),
+            "per_kernel_usd": cost / accepted if accepted else float("nan"), "conversations": len(conversations),
             "outcomes": _outcomes(attempts), "drawn": dict(script.drawn),
             "device_s_per_problem": device / len(rows) if rows else 0.0, "max_depth": depth,
             "answers_per_conversation": len(attempts) / len(conversations) if conversations else 0.0}
+
+
+def lost_to_format(f: dict[str, Any]) -> int:
+    """Answers read as malformed that held a usable kernel (drawn 'no code block' answers and declines did not)."""
+    return f["lost_to_format"] - f["drawn"].get("no code block", 0) - f["drawn"].get("declined", 0)
 
 
 def extrapolated(f: dict[str, Any], answer_s: float, at_once: int) -> float:
@@ -263,13 +277,14 @@ def main(args: Any) -> int:
     # the LLM's kernels only (no library kernels, no torch.compile), run in process (METAL_ACCEL_TRUST_NATIVE=1:
     # through the kernel server's round trip these kernels are at par with eager on 2 busy cores)
     os.environ.update(METAL_ACCEL_LIBRARY="0", METAL_ACCEL_COMPILE="0", METAL_ACCEL_TRUST_NATIVE="1")
-    rows, kernels = problem_rows(args.limit, args.max_tensor_mb, args.backend)
+    shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
+    rows, kernels = problem_rows(args.limit, args.max_tensor_mb, args.backend, args.every_problem, shard)
     work = Path(tempfile.mkdtemp(prefix="metal_accel_kb_synth_"))
     jsonl = work / "problems.jsonl"
-    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    jsonl.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "scripted"}) + "\n" for r in rows))
     latency = args.answer_s * args.time_scale
     script = Script(kernels, latency)
-    rounds, problems_at_once, concurrency = 3, 4, 8
+    rounds, problems_at_once, concurrency = ROUNDS, AT_ONCE, CONCURRENCY
     argv = ["synth", str(jsonl), "--models", ",".join(MODELS), "--samples", "1", "--rounds", str(rounds),
             "--problems", str(problems_at_once), "--concurrency", str(concurrency), "--no-profile", "--json",
             "--max-cost", "1000", "--backend", args.backend]
@@ -279,7 +294,7 @@ def main(args: Any) -> int:
     with ScriptedLLM(script) as server:
         os.environ.update(OPENAI_API_KEY="sk-bench-not-a-key", OPENAI_BASE_URL=server.url + "/v1",
                           ANTHROPIC_API_KEY="sk-bench-not-a-key", ANTHROPIC_BASE_URL=server.url)
-        modes = ["one machine"] + ([] if args.no_farm else ["2-node Ray cluster"])
+        modes = ["one machine"] + ([] if args.no_farm or shard else ["2-node Ray cluster"])
         for mode in modes:
             script.served.clear()
             script.drawn.clear()
@@ -294,17 +309,30 @@ def main(args: Any) -> int:
             if not out:  # nothing ran (no SDK, no device, a bad flag): no figures to record
                 print(f"{mode}: metal-accel synth gave no problem results:\n{err.strip()[-3000:]}", file=sys.stderr)
                 return 1
+    if shard:  # one of `--shards N`: its figures, served intervals and bundle go to the parent (synth_e2e_shards.py)
+        from metal_accel.cli.main import main as cli_main
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli_main(["cache", "export", str(Path(args.figures_out).with_suffix(".tar.gz"))])
+        Path(args.figures_out).write_text(json.dumps({
+            "figures": figures["one machine"],
+            "rows": [{"name": r["name"], "level": r["level"], "scripted": r["scripted"]} for r in rows],
+            "served": [(s.start, s.end) for s in script.served]}))
+        return 0
     body = render(figures, rows, args, rounds, problems_at_once, concurrency)
     print(body)
     if not args.no_write:
         from results import from_markdown, record, today
         on = "" if args.backend == "cpu" else f"{args.backend}_"
-        record("synth_e2e", f"kernelbench_{on}{today()}",
-               f"python benchmarks/synth_e2e.py --kernelbench --backend {args.backend} --limit {args.limit} "
-               f"--answer-s {args.answer_s:g} --time-scale {args.time_scale:g} --max-tensor-mb {args.max_tensor_mb:g}"
-               + (" --no-farm" if args.no_farm else "") + (f" --max-wall {args.max_wall:g}" if args.max_wall else ""),
-               from_markdown(body))
+        record("synth_e2e", f"kernelbench_{on}{today()}", command_of(args), from_markdown(body))
     return 0
+
+
+def command_of(args: Any) -> str:
+    """The command line that reproduces the run ARGS stands for."""
+    return (f"python benchmarks/synth_e2e.py --kernelbench --backend {args.backend} --limit {args.limit} "
+            f"--answer-s {args.answer_s:g} --time-scale {args.time_scale:g} --max-tensor-mb {args.max_tensor_mb:g}"
+            + (" --every-problem" if args.every_problem else "") + (f" --shards {args.shards}" if args.shards else "")
+            + (" --no-farm" if args.no_farm else "") + (f" --max-wall {args.max_wall:g}" if args.max_wall else ""))
 
 
 def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, rounds: int, at_once: int,
@@ -315,9 +343,9 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
     for mode, f in figures.items():
         lines.append(f"| {mode} | {f['problems']} | {f['accepted']} | {f['answers']} | {f['per_hour']:.0f} | "
                      f"{f['in_flight_mean']:.1f} / {f['in_flight_peak']} | {f['per_kernel_usd']:.3f} | "
-                     f"{f['lost_to_format'] - f['drawn'].get('no code block', 0)} of {f['answers']} | "
+                     f"{lost_to_format(f)} of {f['answers']} | "
                      f"{f['wall_s']:.0f} |")
-    one = figures["one machine"]
+    one = next(iter(figures.values()))
     levels = sorted({r["level"] for r in rows})
     which = (f"KernelBench level-{levels[0]}" if len(levels) == 1 else
              "KernelBench (levels " + ", ".join(map(str, levels)) + ")")
@@ -325,12 +353,34 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
     outcomes = "; ".join(f"{mode}: " + ", ".join(f"{k} {v}" for k, v in sorted(f["outcomes"].items()))
                          for mode, f in figures.items())
     names = ", ".join(r["name"] for r in rows)
+    scripted = sum(1 for r in rows if r.get("scripted", True))
+    if args.every_problem:
+        chosen = (f"- {len(rows)} {which} problems: every problem of ../shared/kernelbench/problems.jsonl, by level "
+                  f"and id (batch_size halved until no tensor exceeds {args.max_tensor_mb:g} MB). The scripted model "
+                  f"has a kernel for {scripted} of them (benchmarks/candidates/{args.backend}); for the other "
+                  f"{len(rows) - scripted} it declines in every round, as a model that cannot write one would, so "
+                  "those problems cost prompts, answers and repair rounds but no compile or proof.")
+    else:
+        chosen = (f"- {len(rows)} {which} problems (with a {args.backend} kernel in benchmarks/candidates/{args.backend}"
+                  + (", multi-pass ones first" if args.backend == "cpu" else ", by level and id") + ", of "
+                  f"../shared/kernelbench/problems.jsonl; batch_size halved until no tensor exceeds "
+                  f"{args.max_tensor_mb:g} MB): {names}." + (" A subset: 185 problems with real proofs take hours on 2 "
+                  "cores, and only 15 have a scripted kernel." if args.backend == "cpu" else ""))
+    if "2-node Ray cluster" in figures:
+        where = ("- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each "
+                 "advertising the same device kind, so the problems are split between them; they share this machine's "
+                 "2 cores, so the figure is the farm's overhead and overlap, not a scale-out.")
+    elif args.shards:
+        per = "per GPU of one host (CUDA_VISIBLE_DEVICES)" if args.backend == "cuda" else "on this machine"
+        where = (f"- {args.shards} processes: one `metal-accel synth` {per}, each taking one problem in "
+                 f"{args.shards} (the problems dealt out in turn) with its own scripted server, cache and device lane; "
+                 "their bundles merged with `metal-accel cache merge` into one. The wall time runs from the first "
+                 "process's start to the last one's end, process and device start-up included. No Ray: it is not "
+                 "installed on the GPU machine.")
+    else:
+        where = "- No Ray cluster in this run (--no-farm: Ray is not installed on this machine)."
     return "\n".join(lines) + "\n\n" + "\n".join([
-        f"- {len(rows)} {which} problems (with a {args.backend} kernel in benchmarks/candidates/{args.backend}"
-        + (", multi-pass ones first" if args.backend == "cpu" else ", by level and id") + ", of "
-        f"../shared/kernelbench/problems.jsonl; batch_size halved until no tensor exceeds {args.max_tensor_mb:g} MB): "
-        f"{names}." + (" A subset: 185 problems with real proofs take hours on 2 cores, and only 15 have a scripted "
-                       "kernel." if args.backend == "cpu" else ""),
+        chosen,
         f"- Models {', '.join(MODELS)} (1 conversation each per problem, up to {rounds} repairs and the speed "
         f"rounds), {at_once} problems in flight, {concurrency} requests in flight at most per machine (per farm "
         "worker on the cluster); prompts without the profiler breakdown (--no-profile); the kernel library and "
@@ -352,12 +402,9 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         "truncated (the answers with no code block at all, drawn from the mix, are not counted). Target: none.",
         f"- Outcomes of the answers: {outcomes}. Problems with at least one answer: " + "; ".join(
             f"{mode}: {f['answered']} of {f['problems']}" for mode, f in figures.items()) + ".",
-        ("- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each advertising "
-         "the same device kind, so the problems are split between them; they share this machine's 2 cores, so "
-         "the figure is the farm's overhead and overlap, not a scale-out." if "2-node Ray cluster" in figures else
-         "- No Ray cluster in this run (--no-farm: Ray is not installed on this machine)."),
-        f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one machine "
-        f"(building the prompt, compiling, proving, timing; one problem at a time on the device), conversations "
+        where,
+        f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one device "
+        f"(building the prompt, compiling, proving, timing; one problem at a time on a device), conversations "
         f"of {one['answers_per_conversation']:.1f} answers on average. At the uncompressed {args.answer_s:g} s per "
         f"answer, {at_once} problems in flight would bound one machine at about "
         f"{extrapolated(one, args.answer_s, at_once):.0f} problems per hour (a model, not a measurement: "
