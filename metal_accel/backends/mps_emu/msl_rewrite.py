@@ -11,6 +11,7 @@ import re
 
 from ...core.errors import CompileError
 from .msl_instrument import chain_start
+from .msl_kernels import _match_angle_back
 from .msl_lang import in_function_body
 from .msl_lexer import Tokens
 
@@ -48,11 +49,25 @@ def rewrite(tk: Tokens, wrap: set[str]) -> None:
                 if tk.t(p - 1) in (".", "->"):  # a member function: from the object expression on (r.reduce(v))
                     start = chain_start(tk, close)
                 else:
-                    start = p - 2 if tk.t(p - 1) == "::" and tk.kind[tk.sig[p - 2]] == "id" else p
+                    start = qualified_name_start(tk, p)
                 if start is not None:
                     tk.set(start, "(ma_rt::SiteGuard(__LINE__), " + tk.t(start))
                     tk.set(close, tk.t(close) + ")")
         p += 1
+
+
+def qualified_name_start(tk: Tokens, p: int) -> int:
+    """First token of the qualified name that ends with the id at P: `A::B<T, 1>::f` from `f`."""
+    start = p
+    while tk.t(start - 1) == "::":
+        q = start - 2
+        if tk.t(q) in (">", ">>"):
+            lt = _match_angle_back(tk, q, 0)
+            q = lt - 1 if lt > 0 else -1
+        if q < 0 or tk.kind[tk.sig[q]] != "id" or tk.t(q) in ("return", "case", "else", "do"):
+            break
+        start = q
+    return start
 
 
 def _literal(t: str) -> str:

@@ -51,7 +51,7 @@ UNSUPPORTED_IDS: dict[str, str] = {
     "compute_pipeline_state": "indirect command buffers", "render_pipeline_state": "indirect command buffers",
     "vertex": "vertex functions", "fragment": "fragment functions", "object_data": "object shaders",
     "simdgroup_async_copy": "asynchronous copies", "simdgroup_event": "asynchronous copies",
-    "thread_elements": "simdgroup_matrix thread_elements()", "double": "double (Metal has no 64-bit floating type)",
+    "double": "double (Metal has no 64-bit floating type)",
     "interpolant": "interpolants", "patch_control_point": "tessellation",
     # not Metal: host-only C++ that must never reach the CPU through a kernel source
     **{t: f"{t!r} (not part of Metal)" for t in (
@@ -85,6 +85,9 @@ _GROUP_FUNCS = ("sum", "product", "min", "max", "and", "or", "xor", "prefix_incl
 # functions that make a thread wait for others (the kernel then runs its threads as fibers)
 SYNC_FUNCTIONS = frozenset({"threadgroup_barrier", "simdgroup_barrier"} |
                            {f"{g}_{f}" for g in ("simd", "quad") for f in _GROUP_FUNCS})
+# SIMD-group matrix operations that read a matrix: in a source that calls thread_elements(), they gather
+# the lanes' elements (simdgroup_matrix.h), so they make a thread wait for others too
+MATRIX_READS = frozenset({"simdgroup_multiply_accumulate", "simdgroup_multiply", "simdgroup_store"})
 
 
 _NOT_FUNCTIONS = frozenset({"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype"})
@@ -98,8 +101,13 @@ def _before(tk: Tokens, p: int) -> str:
     return tk.t(q)
 
 
-def _is_sync(name: str) -> bool:
-    return name in SYNC_FUNCTIONS
+def uses_thread_elements(tk: Tokens) -> bool:
+    return any(tk.t(p) == "thread_elements" and tk.kind[tk.sig[p]] == "id" for p in range(len(tk.sig)))
+
+
+def sync_functions(tk: Tokens) -> frozenset[str]:
+    """The functions that make a thread of this source wait for others."""
+    return SYNC_FUNCTIONS | MATRIX_READS if uses_thread_elements(tk) else SYNC_FUNCTIONS
 
 
 INCLUDE_MARK = "#pragma ma_include_at_line "
@@ -198,6 +206,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
 
     # ---- which functions reach a barrier or SIMD-group function
     bodies: dict[str, set[str]] = {}
+    sync = sync_functions(tk)
     outside_sync = False
     kernel_bodies = {k.body: tk.t(k.name_p) for k in found}
     p = 0
@@ -216,7 +225,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
             bodies.setdefault(fname, set()).update(ids)
             p = tk.match[p] + 1
             continue
-        if tk.kind[tk.sig[p]] == "id" and _is_sync(tk.t(p)):
+        if tk.kind[tk.sig[p]] == "id" and tk.t(p) in sync:
             outside_sync = True
         p += 1
 
@@ -228,7 +237,7 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
                 continue
             seen.add(f)
             ids = bodies.get(f, set())
-            if any(_is_sync(i) for i in ids):
+            if any(i in sync for i in ids):
                 return True
             todo += [i for i in ids if i in bodies]
         return False
@@ -267,7 +276,8 @@ def translate_unit(preprocessed: str, include: str = "msl_emu/metal_stdlib.h",
     msl_instrument.apply(tk, checks)
     move_specializations(tk, moves)
     table = ", ".join([str(len(loops))] + [f"{a}, {b}" for a, b in loops])
-    out = [f'#include "{include}"', tk.render(), "", "// ---- loops (generated): lockstep tells their iterations apart",
+    fragments = ["#define MA_THREAD_ELEMENTS 1"] if uses_thread_elements(tk) else []
+    out = [*fragments, f'#include "{include}"', tk.render(), "", "// ---- loops (generated): lockstep tells their iterations apart",
            '# 1 "ma_loops"',
            f'extern "C" __attribute__((visibility("hidden"))) const int ma_loop_lines[] = {{{table}}};',
            "", "// ---- launchers (generated)", '# 1 "ma_launchers"', ""]
