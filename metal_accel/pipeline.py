@@ -30,7 +30,7 @@ from .core.redact import redact
 from .core.specs import UnsupportedCall
 from .proof.prove import ProofSettings, declared_shape_generic, device_of
 from .proof.worker import shared_worker
-from .library.provider import is_shipped_kernel
+from .library.trusted import is_library_candidate
 from .proof.speed import implausible_verdict
 from .report import COVERED, ModuleReport, clock
 from .runtime.capture import ModuleCall
@@ -207,7 +207,7 @@ class Pipeline:
         if verdict is None or not verdict.accepted or verdict.candidate_digest != entry.candidate.digest:
             return False
         proven = "x".join(map(str, entry.input_spec.tensor_specs()[0].shape))
-        if not is_shipped_kernel(entry.candidate, self.backend.name):
+        if not is_library_candidate(entry.candidate, call.module, call.spec, self.backend.name):
             # an untrusted kernel's claim to serve every shape is a claim: proven at this shape before it runs here
             ev = self.evaluate(call, key, entry.candidate)
             if not ev.verdict.accepted:

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from ..core.candidate import Candidate, declared_constant
+from ..core.candidate import declared_constant
 from ..core.provider import ProposedText, SynthesisRequest
 from ..core.specs import TensorSpec
 from .match import Match, match_call
@@ -35,15 +35,6 @@ def kernel_file(backend: str, family: str) -> tuple[str, tuple[str, ...] | None]
         return None
     text = path.read_text()
     return text, _declared_dtypes(text)
-
-
-def is_shipped_kernel(cand: Candidate, backend: str) -> bool:
-    """CAND is one of the library's own kernel files (reviewed in this repository) with its generated glue: only
-    such a kernel's SHAPE_GENERIC is taken on trust; any other candidate's is a claim, proven at each shape."""
-    if not cand.origin.startswith(ORIGIN + ":"):
-        return False
-    kernel = kernel_file(backend, cand.origin.split(":", 1)[1])
-    return kernel is not None and cand.code.startswith(kernel[0].strip())
 
 
 def _declared_dtypes(text: str) -> tuple[str, ...] | None:

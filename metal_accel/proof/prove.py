@@ -20,7 +20,7 @@ from ..core.verdict import Verdict
 from ..runtime.capture import ModuleCall
 from ..runtime.dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from ..runtime.graph import GraphedOp
-from ..runtime.native_policy import op_variant, runtime_library
+from ..runtime.native_policy import op_variant, runs_in_process, runtime_library
 from ..runtime.ops import kernel_op
 from ..sandbox.host import check_host_code, load_forward
 from ..sandbox.kernel_source import check_kernel_source
@@ -180,7 +180,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         if soaked:
             return reject(soaked)
     try:
-        lib = runtime_library(backend, cand.source)  # untrusted native code: the kernel server
+        lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, call.spec, backend))
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,

@@ -66,6 +66,35 @@ def shipped_source_digests() -> frozenset[str]:
     return frozenset(found)
 
 
+@functools.cache
+def shipped_code_digests() -> frozenset[str]:
+    """sha256 of the host code of every shipped cache entry (its SOURCE literal included)."""
+    found = set()
+    for path in config.shipped_cache_dir().glob("*/*.json"):
+        try:
+            cand = json.loads(path.read_text()).get("candidate") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(cand.get("code"), str):
+            found.add(_digest(cand["code"]))
+    return frozenset(found)
+
+
+def runs_in_process(cand: Any, module: Any, spec: Any, backend: Backend) -> bool:
+    """Whether CAND's native kernels may run in the user's process for MODULE's call with SPEC: the user opted
+    in, or its source and its host code are both the package's own (a shipped entry's code, or exactly what the
+    kernel library proposes for this call: library/trusted.py). A trusted source is not enough: the host code
+    chooses every pointer and size the kernel gets."""
+    if backend.name not in NATIVE_BACKENDS or trust_native():
+        return True
+    if not is_trusted(cand.source):
+        return False
+    if _digest(cand.code) in shipped_code_digests():
+        return True
+    from ..library.trusted import is_library_candidate  # the library imports the runtime: late
+    return is_library_candidate(cand, module, spec, backend.name)
+
+
 def is_trusted(source: str) -> bool:
     """Whether native kernel SOURCE may run in the user's process: a shipped kernel (shipped cache or kernel
     library), or the user opted in."""
