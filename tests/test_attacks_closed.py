@@ -34,12 +34,21 @@ LAUNDERED = {
                                          "module.running_mean, module.running_var, None, None, True)\n",
     "batch_norm training by keyword": "def forward(module, x):\n    return torch.nn.functional.batch_norm(x, "
                                       "module.running_mean, module.running_var, training=True)\n",
+    # a second pass
+    "a parameter named like a constant": "x = 0\n\n\ndef forward(module, x):\n    x.fill_(7)\n    return x\n",
+    "a local named like a constant": "w = 0\n\n\ndef forward(module, x):\n    w = module.scale\n    w.mul_(0)\n"
+                                     "    return x\n",
+    "unary plus of the weight": "def forward(module, x):\n    y = +module.scale\n    y.mul_(0)\n    return x\n",
+    "embedding renormalizing the weight": "def forward(module, x):\n    return torch.nn.functional.embedding(x, "
+                                          "module.scale, None, 0.0)\n",
+    "embedding with max_norm by keyword": "def forward(module, x):\n    return F.embedding(x, module.scale, "
+                                          "max_norm=1.0)\n",
 }
 
 
 @pytest.mark.parametrize("name", sorted(LAUNDERED))
 def test_host_code_cannot_launder_a_tensor_it_does_not_own_into_an_in_place_update(name):
-    with pytest.raises(SandboxError, match="in-place|inplace=|training="):
+    with pytest.raises(SandboxError, match="in-place|inplace=|training=|max_norm=|rebound"):
         check_host_code(HEAD + LAUNDERED[name])
 
 
@@ -48,6 +57,8 @@ def test_host_code_cannot_launder_a_tensor_it_does_not_own_into_an_in_place_upda
     "    return torch.nn.functional.relu(x, False)\n",
     "    return torch.nn.functional.batch_norm(x, module.running_mean, module.running_var, None, None, False)\n",
     "    out = torch.empty_like(x)\n    out.add_(1)\n    return out\n",
+    "    return torch.nn.functional.embedding(x, module.scale, None, None)\n",
+    "    y = -x\n    y.add_(1)\n    return y\n",
 ])
 def test_host_code_that_changes_only_its_own_tensors_still_passes(body):
     check_host_code(HEAD + "def forward(module, x):\n" + body)

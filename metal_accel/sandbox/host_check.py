@@ -124,6 +124,8 @@ class _Checker:
             raise SandboxError("dunder name", lineno, f"{name} is not allowed")
         if name in GLOBAL_ROOTS or name in BUILTINS_ALLOWED or name in self.functions:
             raise SandboxError("rebinding", lineno, f"{name} may not be rebound")
+        if name in self.constants:  # the in-place rule takes a constant's name as fresh: no parameter or local hides one
+            raise SandboxError("rebinding", lineno, f"{name} is a top-level constant and may not be rebound")
 
     def _function(self, fn: ast.FunctionDef) -> None:
         line = fn.lineno

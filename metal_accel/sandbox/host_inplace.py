@@ -40,7 +40,8 @@ FRESH_BUILTINS = frozenset(("range", "len", "int", "float", "bool", "divmod", "r
 _ROOTS = ("torch", "F", "math")
 # the arguments of torch.nn.functional's functions that change a tensor in place unless False, and the tensor
 # arguments they change: F.relu(t, True) changes t; F.batch_norm(x, mean, var, training=True) mean and var
-_MUTATING = {"inplace": ("input",), "training": ("running_mean", "running_var")}
+_MUTATING = {"inplace": ("input",), "training": ("running_mean", "running_var"),
+             "max_norm": ("weight",)}  # F.embedding(..., max_norm=m) renormalizes the weight's rows it reads in place
 _NO_STATS = {"training": ("instance_norm",)}  # functions whose `training`-like argument changes nothing
 
 
@@ -161,6 +162,8 @@ class Freshness:
                 return self.is_fresh(node.left) and self.is_fresh(node.right)
             return self._operand(node.left) and self._operand(node.right)
         if isinstance(node, ast.UnaryOp):
+            if isinstance(node.op, ast.UAdd):  # +t is torch.positive(t): t itself
+                return self.is_fresh(node.operand)
             return self._operand(node.operand)
         if isinstance(node, ast.Compare):
             return True
@@ -205,7 +208,9 @@ def _mutated(node: ast.Call) -> tuple[str, list[ast.expr]] | None:
     """(the argument that makes this call change tensors in place, the tensors it changes) where it does: an
     `inplace=` not False (by keyword or by position, F.relu(t, True)), a batch norm with `training` not False
     (its running statistics); None for a call that changes none of its arguments."""
-    def is_false(value: ast.expr) -> bool:
+    def is_false(value: ast.expr, arg: str = "") -> bool:
+        if arg == "max_norm":  # any max_norm but None renormalizes (0 zeroes the rows)
+            return isinstance(value, ast.Constant) and value.value is None
         if isinstance(value, ast.Attribute) and value.attr == "training":  # module....training: False whenever
             root = _root(value)                                             # host code runs (kernels are for eval)
             return isinstance(root, ast.Name) and root.id == "module"
@@ -221,7 +226,7 @@ def _mutated(node: ast.Call) -> tuple[str, list[ast.expr]] | None:
     value = next((k.value for k in node.keywords if k.arg == arg), None)
     if value is None and len(node.args) > index:
         value = node.args[index]
-    if value is None or is_false(value):
+    if value is None or is_false(value, arg):
         return None
     targets = [node.args[i] for i in changed if i < len(node.args)]
     targets += [k.value for k in node.keywords if k.arg in _MUTATING[arg]]
