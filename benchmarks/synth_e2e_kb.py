@@ -46,6 +46,7 @@ USAGE = (7000, 6000)  # tokens in (prompt, problem, profile) and out (reasoning 
 # The level-1 problems with a CPU kernel, those whose kernel fuses several of eager's passes first (they win
 # clearly on 2 busy cores; a single elementwise op is at par with eager's own vectorized loop)
 ORDER = (88, 94, 96, 98, 99, 25, 29, 30, 27, 31, 21, 22, 23, 24, 45)
+LEFT_OUT: list[str] = []  # --every-problem: the problems over the tensor cap whatever their batch size
 ROUNDS, AT_ONCE, CONCURRENCY = 3, 4, 8  # repair rounds; problems in flight; requests in flight (per process)
 MODULE = re.compile(r"metal_accel_problem_[0-9a-f]{16}")
 
@@ -65,15 +66,17 @@ def kernel_for(name: str, level: int, pid: int, backend: str = "cpu") -> Path | 
     return None
 
 
-def shrunk(row: dict, cap_mb: float) -> str:
-    """The problem's code with batch_size halved until no input or output exceeds CAP_MB."""
+def shrunk(row: dict, cap_mb: float) -> tuple[str, str | None]:
+    """The problem's code with batch_size halved until no input or output exceeds CAP_MB, and why it is still
+    over the cap (None when it is not)."""
     from metal_accel.kernelbench.problems import Problem
-    from metal_accel.kernelbench.sizes import fit_batch
+    from metal_accel.kernelbench.sizes import fit_batch, over_cap
     pr = Problem(row["name"], row["code"], f"kb:{row['level']}:{row['problem_id']}", row["level"], row["problem_id"])
-    _, batch = fit_batch(pr, cap_mb)
+    original, batch = fit_batch(pr, cap_mb)
+    over = over_cap(pr, cap_mb, batch, original)
     if not isinstance(batch, int):
-        return row["code"]
-    return re.sub(r"^batch_size\s*=\s*\d+", f"batch_size = {batch}", row["code"], count=1, flags=re.M)
+        return row["code"], over
+    return re.sub(r"^batch_size\s*=\s*\d+", f"batch_size = {batch}", row["code"], count=1, flags=re.M), over
 
 
 def problem_rows(limit: int, cap_mb: float, backend: str = "cpu", every_problem: bool = False,
@@ -94,7 +97,11 @@ def problem_rows(limit: int, cap_mb: float, backend: str = "cpu", every_problem:
         k = kernel_for(row["name"], row["level"], row["problem_id"], backend) if row else None
         if row is None or (k is None and not every_problem):
             continue
-        row = {**row, "code": shrunk(row, cap_mb), "scripted": k is not None}
+        code, over = shrunk(row, cap_mb)
+        if over and every_problem and backend == "cpu":  # too large for a small machine at any batch: counted
+            LEFT_OUT.append(f"{row['name']} ({over})")
+            continue
+        row = {**row, "code": code, "scripted": k is not None}
         rows.append(row)
         if k is not None:
             kernels["metal_accel_problem_" + hashlib.sha256(row["code"].encode()).hexdigest()[:16]] = k
@@ -216,8 +223,10 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
     conversations = {(r.get("problem"), a.get("model"), a.get("sample")) for r in rows
                      for rec in r.get("synthesis", []) for a in rec.get("attempts", [])}
     mean, peak = in_flight(script.served)
-    answered = sum(1 for r in rows if any(rec.get("attempts") for rec in r.get("synthesis", [])))
-    return {"problems": len(rows), "answered": answered, "accepted": accepted, "answers": len(attempts),
+    unasked = [r.get("problem") for r in rows if not any(rec.get("attempts") for rec in r.get("synthesis", []))]
+    answered = len(rows) - len(unasked)
+    return {"problems": len(rows), "answered": answered, "unasked": unasked, "accepted": accepted,
+            "answers": len(attempts),
             "lost_to_format": lost,
             "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
             "in_flight_mean": mean, "in_flight_peak": peak,
@@ -316,6 +325,7 @@ def main(args: Any) -> int:
         Path(args.figures_out).write_text(json.dumps({
             "figures": figures["one machine"],
             "rows": [{"name": r["name"], "level": r["level"], "scripted": r["scripted"]} for r in rows],
+            "left_out": LEFT_OUT,
             "served": [(s.start, s.end) for s in script.served]}))
         return 0
     body = render(figures, rows, args, rounds, problems_at_once, concurrency)
@@ -401,7 +411,10 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         "- Answers lost to format errors: answers that held a usable kernel but were read as malformed, empty or "
         "truncated (the answers with no code block at all, drawn from the mix, are not counted). Target: none.",
         f"- Outcomes of the answers: {outcomes}. Problems with at least one answer: " + "; ".join(
-            f"{mode}: {f['answered']} of {f['problems']}" for mode, f in figures.items()) + ".",
+            f"{mode}: {f['answered']} of {f['problems']}" for mode, f in figures.items()) + "." + "".join(
+            f" {mode}: no kernel was asked for on {', '.join(f['unasked'])}." for mode, f in figures.items()
+            if f.get("unasked")) + (f" Left out, over the cap at any batch size: {'; '.join(LEFT_OUT)}."
+                                     if LEFT_OUT else ""),
         where,
         f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one device "
         f"(building the prompt, compiling, proving, timing; one problem at a time on a device), conversations "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from synth_e2e_kb import AT_ONCE, CONCURRENCY, ROUNDS, Served, command_of, in_flight, render
+from synth_e2e_kb import AT_ONCE, CONCURRENCY, LEFT_OUT, ROUNDS, Served, command_of, in_flight, render
 
 HERE = Path(__file__).resolve().parent
 SUMMED = ("problems", "answered", "accepted", "answers", "lost_to_format", "cost_usd", "conversations")
@@ -40,6 +40,7 @@ def merged_figures(parts: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """One row of figures from the shards' rows, at the host's wall time WALL."""
     figures = [p["figures"] for p in parts]
     out: dict[str, Any] = {k: sum(f[k] for f in figures) for k in SUMMED}
+    out["unasked"] = [name for f in figures for name in f.get("unasked", [])]
     for key in ("outcomes", "drawn"):
         out[key] = {}
         for f in figures:
@@ -92,6 +93,7 @@ def main(args: Any) -> int:
     label = f"{args.shards} GPUs of one host" if args.backend == "cuda" else f"{args.shards} processes"
     figures = {label: merged_figures(parts, wall)}
     rows = [r for p in parts for r in p["rows"]]
+    LEFT_OUT.extend(parts[0].get("left_out", []))  # every shard read the whole file: the same problems left out
     body = render(figures, rows, args, ROUNDS, AT_ONCE, CONCURRENCY)
     body += f"\n- The merged bundle: {merged}."
     print(body)
