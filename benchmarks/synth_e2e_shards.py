@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from synth_e2e_kb import AT_ONCE, CONCURRENCY, LEFT_OUT, ROUNDS, Served, command_of, in_flight, render
+from synth_e2e_kb import AT_ONCE, CONCURRENCY, LEFT_OUT, ROUNDS, Served, in_flight
+from synth_e2e_report import command_of, render
 
 HERE = Path(__file__).resolve().parent
 SUMMED = ("problems", "answered", "accepted", "answers", "lost_to_format", "cost_usd", "conversations")

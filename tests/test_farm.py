@@ -16,7 +16,7 @@ from metal_accel.store.cache import CacheDir
 from metal_accel.store.manifest import unpack
 from metal_accel.synth.budget import Limits
 from metal_accel.synth.farm import (LLM_RESOURCE, FarmError, backend_of, cluster_kinds, device_kind, node_resources,
-                                    resource_of, run_farm, share)
+                                    resource_of, run_farm, share, worker_options)
 from metal_accel.synth.settings import SynthSettings
 
 from test_synth_loop import fence, llm, poly_candidate  # noqa: F401
@@ -38,6 +38,18 @@ def test_device_kinds_as_ray_resources():
                            LLM_RESOURCE: 1.0, "node:10.0.0.1": 1.0})
     assert found == {"mps:apple-m1": 1, "mps:apple-m4": 2}
     assert share(Limits(tokens=1000, cost_usd=3.0, wall_s=60.0), 3) == Limits(tokens=333, cost_usd=1.0, wall_s=60.0)
+
+
+def test_each_cuda_worker_gets_a_gpu_of_its_own_where_the_cluster_has_enough(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert node_resources(["cuda", "cpu"]) == {resource_of("cuda:sm90"): 4, resource_of(device_kind("cpu")): 1}
+    four_gpus = {"CPU": 64.0, "GPU": 4.0, resource_of("cuda:sm90"): 4.0}
+    opts = worker_options("cuda:sm90", four_gpus, cuda_workers=4, problems_at_once=4)
+    assert opts["num_gpus"] == 1 and opts["resources"] == {resource_of("cuda:sm90"): 1}
+    assert "num_gpus" not in worker_options("cuda:sm90", {**four_gpus, "GPU": 2.0}, 4, 4)  # would never start
+    assert "num_gpus" not in worker_options("cpu:sim-a", four_gpus, 4, 4)
 
 
 def test_farm_node_prints_the_resources(capsys):

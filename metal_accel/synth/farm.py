@@ -75,11 +75,30 @@ def backend_of(kind: str) -> str:
 
 
 def node_resources(backends: Sequence[str], *, llm: bool = False) -> dict[str, int]:
-    """The custom resources a node with BACKENDS advertises (`ray start --resources`): one unit per device kind."""
-    out = {resource_of(device_kind(b)): 1 for b in backends}
+    """The custom resources a node with BACKENDS advertises (`ray start --resources`): one unit per device kind,
+    one per GPU for CUDA (each unit is a farm worker, placed on a GPU of its own: worker_options)."""
+    out = {resource_of(device_kind(b)): _devices(b) for b in backends}
     if llm:
         out[LLM_RESOURCE] = 1
     return out
+
+
+def _devices(backend: str) -> int:
+    if backend != "cuda":
+        return 1
+    import torch
+    return max(1, torch.cuda.device_count())
+
+
+def worker_options(kind: str, cluster: Mapping[str, float], cuda_workers: int, problems_at_once: int) -> dict[str, Any]:
+    """Ray options of one farm worker of KIND. A CUDA worker asks for a GPU of its own when the cluster has one
+    for each of its CUDA_WORKERS (Ray then sets its CUDA_VISIBLE_DEVICES), so the workers of a multi-GPU node
+    do not all prove and time on its first GPU; otherwise they share the node's device, one lane each."""
+    opts: dict[str, Any] = {"num_cpus": 0, "resources": {resource_of(kind): 1},
+                            "max_concurrency": max(1, problems_at_once)}
+    if backend_of(kind) == "cuda" and cluster.get("GPU", 0) >= cuda_workers:
+        opts["num_gpus"] = 1
+    return opts
 
 
 def cluster_kinds(resources: Mapping[str, float]) -> dict[str, int]:
@@ -164,9 +183,10 @@ def run_farm(problems: Sequence[Problem], models: Sequence[str], settings: Synth
         actors.append(gateway)
         worker_cls = ray.remote(concurrency_groups={CONTROL: 2})(FarmWorker)
         workers: dict[str, list[Any]] = {}
+        cluster = ray.cluster_resources()
+        cuda_workers = sum(n for k, n in result.kinds.items() if backend_of(k) == "cuda")
         for k, n in result.kinds.items():
-            workers[k] = [worker_cls.options(num_cpus=0, resources={resource_of(k): 1},
-                                             max_concurrency=max(1, s.problems)).remote(
+            workers[k] = [worker_cls.options(**worker_options(k, cluster, cuda_workers, s.problems)).remote(
                 k, backend_of(k), list(models), s, gateway, dict(worker_env.get(k, {}))) for _ in range(n)]
             actors += workers[k]
         refs = {}
