@@ -76,6 +76,9 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=0,
                         help="--kernelbench: one synth process per GPU of this host, bundles merged "
                              "(synth_e2e_shards.py); the number of GPUs")
+    parser.add_argument("--ray-gpus", type=int, default=0,
+                        help="--kernelbench --backend cuda: the farm on a one-node Ray cluster of this host's N GPUs, "
+                             "a worker per GPU (no one-machine run)")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: one process of --shards
     parser.add_argument("--figures-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

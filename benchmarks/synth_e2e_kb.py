@@ -267,6 +267,26 @@ def _on_cluster(argv: list[str], kind: str) -> tuple[list[dict], str, float]:
         cluster.shutdown()
 
 
+def _on_gpu_node(argv: list[str], kind: str, gpus: int) -> tuple[list[dict], str, float]:
+    """ARGV with --farm on a one-node Ray cluster of this host's GPUS GPUs: a farm worker per GPU (each Ray
+    gives a GPU of its own through CUDA_VISIBLE_DEVICES; synth/farm.worker_options)."""
+    import ray
+
+    from metal_accel.synth.farm import LLM_RESOURCE, resource_of
+    ray.init(num_gpus=gpus, resources={resource_of(kind): gpus, LLM_RESOURCE: 1}, include_dashboard=False,
+             log_to_driver=False)
+    try:
+        return run_synth(argv + ["--farm"])
+    finally:
+        ray.shutdown()
+
+
+def _modes(args: Any, shard: tuple[int, int] | None) -> list[str]:
+    if args.ray_gpus:
+        return [f"Ray: 1 node, {args.ray_gpus} GPUs"]
+    return ["one machine"] + ([] if args.no_farm or shard else ["2-node Ray cluster"])
+
+
 def main(args: Any) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from llm_server import ScriptedLLM
@@ -292,13 +312,15 @@ def main(args: Any) -> int:
     with ScriptedLLM(script) as server:
         os.environ.update(OPENAI_API_KEY="sk-bench-not-a-key", OPENAI_BASE_URL=server.url + "/v1",
                           ANTHROPIC_API_KEY="sk-bench-not-a-key", ANTHROPIC_BASE_URL=server.url)
-        modes = ["one machine"] + ([] if args.no_farm or shard else ["2-node Ray cluster"])
-        for mode in modes:
+        for mode in _modes(args, shard):
             script.served.clear()
             script.drawn.clear()
             _fresh_caches(mode.split()[0])
             if mode == "one machine":
                 out, err, wall = run_synth(argv)
+            elif mode.startswith("Ray: 1 node"):
+                out, err, wall = _on_gpu_node(argv + ["--bundle", str(work / "farm.tar.gz")],
+                                              device_kind(args.backend), args.ray_gpus)
             else:
                 out, err, wall = _on_cluster(argv + ["--bundle", str(work / "farm.tar.gz")], device_kind(args.backend))
             figures[mode] = tally(out, wall, script)
@@ -322,6 +344,6 @@ def main(args: Any) -> int:
     print(body)
     if not args.no_write:
         from results import from_markdown, record, today
-        on = "" if args.backend == "cpu" else f"{args.backend}_"
+        on = ("" if args.backend == "cpu" else f"{args.backend}_") + ("ray_" if args.ray_gpus else "")
         record("synth_e2e", f"kernelbench_{on}{today()}", command_of(args), from_markdown(body))
     return 0

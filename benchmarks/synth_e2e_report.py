@@ -23,6 +23,7 @@ def command_of(args: Any) -> str:
     return (f"python benchmarks/synth_e2e.py --kernelbench --backend {args.backend} --limit {args.limit} "
             f"--answer-s {args.answer_s:g} --time-scale {args.time_scale:g} --max-tensor-mb {args.max_tensor_mb:g}"
             + (" --every-problem" if args.every_problem else "") + (f" --shards {args.shards}" if args.shards else "")
+            + (f" --ray-gpus {args.ray_gpus}" if getattr(args, "ray_gpus", 0) else "")
             + (" --no-farm" if args.no_farm else "") + (f" --max-wall {args.max_wall:g}" if args.max_wall else ""))
 
 
@@ -61,6 +62,12 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         where = ("- The 2-node cluster is ray.cluster_utils.Cluster on this machine: two nodes of one CPU each "
                  "advertising the same device kind, so the problems are split between them; they share this machine's "
                  "2 cores, so the figure is the farm's overhead and overlap, not a scale-out.")
+    elif getattr(args, "ray_gpus", 0):
+        where = (f"- The farm (`metal-accel synth --farm`) on a one-node Ray cluster of this host's {args.ray_gpus} "
+                 f"GPUs: the node advertises {args.ray_gpus} units of its device kind, and each of the "
+                 f"{args.ray_gpus} farm workers asks Ray for a GPU of its own (CUDA_VISIBLE_DEVICES), proving and "
+                 "timing there; the LLM requests go through the farm's gateway; one merged bundle at the end. "
+                 "The wall time includes Ray's start and the workers' start-up.")
     elif args.shards:
         per = "per GPU of one host (CUDA_VISIBLE_DEVICES)" if args.backend == "cuda" else "on this machine"
         where = (f"- {args.shards} processes: one `metal-accel synth` {per}, each taking one problem in "
