@@ -114,17 +114,24 @@ def test_applying_a_verdict_drops_what_was_dropped_and_installs_the_whole_model(
     assert dispatcher_of(model.b) is None and report.modules[0].status == "eager"
 
 
-@pytest.mark.slow
-@pytest.mark.needs_cxx
-def test_a_second_optimize_of_the_same_model_reuses_the_end_to_end_verdict(tmp_path):
+def chain_provider(tmp_path) -> list[str]:
+    """A dir: provider with the toy Chain's good kernel."""
     import metal_accel
-    from toymodels import GOOD, Net
+    from toymodels import GOOD
     if not metal_accel.get_backend("cpu").is_available():
         pytest.skip("no C++ compiler")
     folder = tmp_path / "cands" / "cpu" / "Chain"
     folder.mkdir(parents=True)
     (folder / "good.py").write_text(GOOD)
-    provider = [f"dir:{tmp_path / 'cands'}"]
+    return [f"dir:{tmp_path / 'cands'}"]
+
+
+@pytest.mark.slow
+@pytest.mark.needs_cxx
+def test_a_second_optimize_of_the_same_model_reuses_the_end_to_end_verdict(tmp_path):
+    import metal_accel
+    from toymodels import Net
+    provider = chain_provider(tmp_path)
     first, x = Net().eval(), torch.randn(4, 256)
     metal_accel.optimize(first, (x,), providers=provider, compile=False, progress=False)
     made = metal_accel.explain(first).end_to_end
@@ -143,16 +150,12 @@ def test_a_second_optimize_of_the_same_model_reuses_the_end_to_end_verdict(tmp_p
         torch.testing.assert_close(second(x), Net.forward(second, x))
 
 
+@pytest.mark.needs_cxx
 def test_an_inconclusive_verdict_is_not_stored(tmp_path, monkeypatch):
     import metal_accel
     import metal_accel.model_choice as mc
-    from toymodels import GOOD, Net
-    if not metal_accel.get_backend("cpu").is_available():
-        pytest.skip("no C++ compiler")
-    folder = tmp_path / "cands" / "cpu" / "Chain"
-    folder.mkdir(parents=True)
-    (folder / "good.py").write_text(GOOD)
-    provider = [f"dir:{tmp_path / 'cands'}"]
+    from toymodels import Net
+    provider = chain_provider(tmp_path)
     real = mc.time_contenders
 
     def busy(contenders, sync, budget_s, min_rounds=mc.MIN_ROUNDS):  # eager strays ±100% against itself

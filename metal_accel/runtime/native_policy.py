@@ -53,31 +53,30 @@ def _digest(source: str) -> str:
 
 
 @functools.cache
-def shipped_source_digests() -> frozenset[str]:
-    """sha256 of every kernel source in the shipped cache (all backends)."""
-    found = set()
+def _shipped_digests() -> tuple[frozenset[str], frozenset[str]]:
+    """sha256 of every kernel source, and of every candidate's host code (its SOURCE literal included), in the
+    shipped cache (all backends)."""
+    sources, codes = set(), set()
     for path in config.shipped_cache_dir().glob("*/*.json"):
         try:
             cand = json.loads(path.read_text()).get("candidate") or {}
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(cand.get("source"), str) and cand["source"]:
-            found.add(_digest(cand["source"]))
-    return frozenset(found)
+            sources.add(_digest(cand["source"]))
+        if isinstance(cand.get("code"), str):
+            codes.add(_digest(cand["code"]))
+    return frozenset(sources), frozenset(codes)
 
 
-@functools.cache
+def shipped_source_digests() -> frozenset[str]:
+    """sha256 of every kernel source in the shipped cache (all backends)."""
+    return _shipped_digests()[0]
+
+
 def shipped_code_digests() -> frozenset[str]:
     """sha256 of the host code of every shipped cache entry (its SOURCE literal included)."""
-    found = set()
-    for path in config.shipped_cache_dir().glob("*/*.json"):
-        try:
-            cand = json.loads(path.read_text()).get("candidate") or {}
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(cand.get("code"), str):
-            found.add(_digest(cand["code"]))
-    return frozenset(found)
+    return _shipped_digests()[1]
 
 
 def runs_in_process(cand: Any, module: Any, spec: Any, backend: Backend) -> bool:
