@@ -358,3 +358,21 @@ def test_a_dtype_no_kernel_serves_goes_to_the_function_without_a_proof():
     want = modeling_llama.apply_rotary_pos_emb(q, k, c, s)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert router.reports == [] and list(router.routes.values()) == [None] and router.hits == 0
+
+
+def test_a_router_hands_its_kernel_views_that_start_their_storage():
+    """q, k and v split from one fused projection are views at a storage offset, a layout no proof tried: the
+    router's call copies them first (the kernel may load aligned vectors from its pointers)."""
+    from metal_accel.library.routing import run_op
+    seen: list[tuple[int, ...]] = []
+
+    def op(args, kwargs, state):
+        seen.append(tuple(a.storage_offset() for a in args if isinstance(a, torch.Tensor)))
+        return args[0] + args[1]
+    fused = torch.randn(2, 3 * 8, 16)
+    q, k, v = fused.split(8, dim=1)
+    assert k.storage_offset() > 0
+    torch.testing.assert_close(run_op(op, (q, k, 2)), q + k, rtol=0, atol=0)
+    assert seen == [(0, 0)]
+    plain = torch.randn(2, 8, 16)
+    assert run_op(op, (plain, plain, 2)) is not None and seen[-1] == (0, 0)

@@ -20,7 +20,7 @@ from ..proof.prove import ProofSettings
 from ..report import ModuleReport
 from ..runtime import dispatch
 from ..runtime.capture import ModuleCall
-from ..runtime.ops import KernelOp
+from ..runtime.ops import KernelOp, _at_storage_start as at_storage_start
 from .provider import kernel_file
 
 log = logging.getLogger(__name__)
@@ -80,5 +80,9 @@ def prove_module_call(wrapper: nn.Module, args: tuple[torch.Tensor, ...], provid
 
 
 def run_op(op: KernelOp, args: tuple[Any, ...]) -> Any:
-    """Call a proven op the way the dispatcher does (no out= buffers)."""
+    """Call a proven op the way the dispatcher does (no out= buffers). A router keys calls by shape, dtype and
+    strides only, and no proof tries a view at a storage offset (q, k, v split from one fused projection): such
+    a tensor is copied to one that starts its own storage, so the kernel sees only what its proof tried."""
+    if any(isinstance(a, torch.Tensor) and a.storage_offset() for a in args):
+        args = tuple(at_storage_start(a) if isinstance(a, torch.Tensor) else a for a in args)
     return op(args, {}, [])
