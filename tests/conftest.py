@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # untrusted CPU kernels in the kernel server. Every other test is about the pipeline's logic, whose speed
 # gates were calibrated on in-process kernels (the toy Chain wins several times over in process, by 1.2-1.7x
 # through the server on this 2-core machine): they trust native kernels, as METAL_ACCEL_TRUST_NATIVE=1 does.
-_DEFAULT_PLACEMENT = ("adversarial", "test_kernel_server.py", "test_confine.py", "test_native_trust.py")
+_DEFAULT_PLACEMENT = ("adversarial", "test_kernel_server.py", "test_confine.py", "test_native_trust.py",
+                      "test_arena_and_lib_writes.py")
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,15 @@ back, and only what the kernel may write (non-const pointer parameters) is copie
 caller's tensors. Arguments that overlap in memory share one region of the arena, as they share
 memory here. Calls are serialized (one server, one arena).
 
+No memory the server lends outlives a call unchecked. The arena's file holds the pages of the calls it
+serves (grown to a call's pages; cut once recent calls needed at most half of it); its mapping is
+larger, and past the file's end it traps (SIGBUS), so a kernel that reaches past its arguments at an
+offset finds no memory there. Every byte of the file outside the call's regions is zero when the call
+starts (what the previous call's regions left is cleared when the layout changes) and is checked to be
+zero still when it returns: a kernel that wrote there (state kept for its next call, or a message to
+another kernel) has its server stopped, and its call fails. Memory of the server's own (its stack,
+its heap) is out of this file's reach: see docs/security.md.
+
 A server that crashes or outlives the call's time limit is stopped and the call raises
 KernelServerError; the next call of any library starts a fresh server and loads its kernels there.
 """
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -29,8 +39,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from ..backends.base import Backend, BoundKernels
@@ -59,9 +70,11 @@ START_TIMEOUT_S = 120.0   # interpreter + torch import + confinement, on a busy 
 LOAD_TIMEOUT_S = 120.0
 MIN_CALL_LIMIT_S = 30.0   # a call may take this long, or 100x the slowest call of its library so far
 SLOW_FACTOR = 100.0
-ARENA_MIN = 1 << 20
 MAX_REPLY = 1 << 20
 ALIGN = 64                # a region keeps its address modulo this: aligned tensors stay aligned
+MAPPING_MIN = 16 << 20   # the arena's mapping (address space only): past the file's end, a write traps
+SHRINK_WINDOW = 32        # calls after which an arena file more than twice their largest need is cut
+_ZEROS = tuple(bytes(n) for n in range(ALIGN))  # a gap between regions is shorter than ALIGN
 
 
 class KernelServerError(MetalAccelError):
@@ -77,6 +90,16 @@ def _signal_name(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with status {code}"
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_bytes(n: int) -> bytes:
+    return bytes(n)
+
+
+def _pages(size: int) -> int:
+    """SIZE rounded up to whole pages, at least one."""
+    return max(mmap.PAGESIZE, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
 
 
 def _anonymous_fd(size: int, scratch: str) -> int:
@@ -111,7 +134,13 @@ class _Process:
         their_fds.close()
         self.arena: mmap.mmap | None = None
         self.arena_view: Any = None
-        self.base = self.capacity = 0
+        self.arena_bytes: np.ndarray | None = None
+        self.arena_fd = -1
+        self.base = self.capacity = 0  # the mapping, here and in the server
+        self.size = 0                  # the arena's file: what a kernel can reach (past it, the mapping traps)
+        self.filled: tuple[tuple[int, int], ...] = ()  # (offset, bytes) the last call filled: all else is zero
+        self._server_mapped = False
+        self._window_calls = self._window_need = 0
         self.timeout: float | None = None
         self.closed = False
         self._stderr_text = ""
@@ -137,15 +166,13 @@ class _Process:
     def close(self) -> None:
         """Stop the process and unmap the arena; this object is dead afterwards (a new one replaces it)."""
         self.closed = True
-        self.base = self.capacity = 0
+        self.base = self.capacity = self.size = 0
         if os.getpid() == self.pid and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.sock.close()
         self.fd_sock.close()
-        self.arena_view = None
-        if self.arena is not None:
-            self.arena.close()
+        self._drop_arena()
         if not self.stderr.closed:
             self._stderr_text = self._read_stderr()
             self.stderr.close()
@@ -199,23 +226,85 @@ class _Process:
         return (self._stderr_text if self.stderr.closed else self._read_stderr()).splitlines()
 
     def reserve(self, size: int) -> int:
-        """The arena's base address, the arena grown first when it holds fewer than SIZE bytes."""
-        if size > self.capacity:
-            capacity = max(ARENA_MIN, 2 * self.capacity, size + mmap.PAGESIZE - size % mmap.PAGESIZE)
-            fd = _anonymous_fd(capacity, self.scratch)
-            try:
-                arena = mmap.mmap(fd, capacity)
-                socket.send_fds(self.fd_sock, [b"a"], [fd])
-                self.send(OP_ARENA, 0, 0, capacity.to_bytes(8, "little"))
-            finally:
-                os.close(fd)
-            self.arena_view = None
-            if self.arena is not None:
-                self.arena.close()
-            self.arena, self.capacity = arena, capacity
-            self.arena_view = ctypes.c_char.from_buffer(arena)
-            self.base = ctypes.addressof(self.arena_view)
+        """The arena's base address, the arena first made to reach at least SIZE bytes: its file grown to SIZE's
+        pages (new pages are zero), or a larger mapping made when SIZE does not fit in it."""
+        need = _pages(size)
+        if need > self.capacity:
+            self._map(max(MAPPING_MIN, 2 * need))
+        elif need > self.size:
+            self._resize(need)
         return self.base
+
+    def _map(self, capacity: int) -> None:
+        """A fresh arena (zero) of CAPACITY bytes, here and in the server, in place of the current one. Its file
+        holds all of it until the server has mapped it (settle() then cuts it to what calls need)."""
+        fd = _anonymous_fd(capacity, self.scratch)
+        try:
+            arena = mmap.mmap(fd, capacity)
+            socket.send_fds(self.fd_sock, [b"a"], [fd])
+            self.send(OP_ARENA, 0, 0, capacity.to_bytes(8, "little"))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._drop_arena()
+        self.arena, self.arena_fd, self.capacity, self.size, self.filled = arena, fd, capacity, capacity, ()
+        self.arena_view = ctypes.c_char.from_buffer(arena)
+        self.arena_bytes = np.frombuffer(arena, dtype=np.uint8)
+        self.base = ctypes.addressof(self.arena_view)
+        self._server_mapped = False
+        self._window_calls = self._window_need = 0
+
+    def _drop_arena(self) -> None:
+        self.arena_view = self.arena_bytes = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        if self.arena_fd >= 0:
+            os.close(self.arena_fd)
+            self.arena_fd = -1
+
+    def _resize(self, size: int) -> None:
+        """The arena's file cut or grown to SIZE bytes: past them the mapping traps (SIGBUS), here and in the
+        server; pages cut are gone, pages grown are zero. Never touch the arena past self.size."""
+        os.ftruncate(self.arena_fd, size)
+        self.size = size
+        self.filled = tuple((off, min(n, size - off)) for off, n in self.filled if off < size)
+
+    def fill(self, plan: Plan) -> None:
+        """Copy PLAN's regions into the arena, after zeroing what the last call's regions left outside them."""
+        if self.filled != plan.spans:
+            for off, size in self.filled:
+                ctypes.memset(self.base + off, 0, size)
+            self.filled = plan.spans
+        for address, size, off in plan.regions:
+            ctypes.memmove(self.base + off, address, size)
+
+    def settle(self, plan: Plan) -> None:
+        """After a call's reply: cut the arena's file to the pages of the calls it serves (what the kernel wrote
+        past them is gone). The first time, the server has mapped it now (it answered a later frame); later,
+        once SHRINK_WINDOW calls needed at most half of it."""
+        need = _pages(plan.need)
+        self._window_calls += 1
+        self._window_need = max(self._window_need, need)
+        if not self._server_mapped:
+            self._server_mapped = True
+            self._resize(need)
+        elif self._window_calls >= SHRINK_WINDOW:
+            if 2 * self._window_need <= self.size:
+                self._resize(self._window_need)
+            self._window_calls = self._window_need = 0
+
+    def untouched(self, plan: Plan) -> bool:
+        """Whether every byte the kernel can reach outside PLAN's regions (the gaps between them, the tail up to
+        the file's end) is still zero."""
+        arena, tail = self.arena, self.arena_bytes
+        assert arena is not None and tail is not None
+        for start, end in plan.gaps:
+            if arena[start:end] != _ZEROS[end - start]:
+                return False
+        if self.size - plan.need <= mmap.PAGESIZE:  # the common case: the file fits the call
+            return arena[plan.need:self.size] == _zero_bytes(self.size - plan.need)
+        return not np.count_nonzero(tail[plan.need:self.size])
 
 
 _lock = threading.RLock()
@@ -255,14 +344,22 @@ atexit.register(stop_server)
 Buffer = tuple[int, int, bool]  # address, bytes, whether the kernel may write it (copied back)
 
 
-Plan = tuple[list[tuple[int, int, int]], list[int], int, list[tuple[int, int, int]]]
+class Plan(NamedTuple):
+    """Where a call's buffers go in the arena."""
+
+    regions: list[tuple[int, int, int]]     # (address, bytes, arena offset), overlapping buffers covered once
+    offsets: list[int]                      # each buffer's arena offset
+    need: int                               # the bytes the call fills: the regions end there
+    writes: list[tuple[int, int, int]]      # (address, arena offset, bytes) copied back: the writable buffers
+    spans: tuple[tuple[int, int], ...]      # (arena offset, bytes) of the regions
+    gaps: tuple[tuple[int, int], ...]       # [start, end) between the regions (alignment): zero before and after
+
+
 _plans: dict[tuple[Buffer, ...], Plan] = {}  # the same tensors come back call after call: their layout is kept
 
 
 def _layout(buffers: tuple[Buffer, ...]) -> Plan:
-    """Where BUFFERS go in the arena: regions (address, bytes, arena offset) covering overlapping buffers
-    once, each buffer's arena offset, the bytes needed, and what to copy back (address, arena offset,
-    bytes) for the writable ones. A region keeps its address modulo ALIGN."""
+    """Where BUFFERS go in the arena. A region keeps its address modulo ALIGN."""
     order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
     groups: list[list[Any]] = []  # [start, end, member indices]
     for i in order:
@@ -273,17 +370,19 @@ def _layout(buffers: tuple[Buffer, ...]) -> Plan:
         else:
             groups.append([address, address + size, [i]])
     offsets = [0] * len(buffers)
-    regions, pos = [], 0
+    regions, gaps, pos = [], [], 0
     for start, end, members in groups:
         skew = start % ALIGN
         off = -(-(pos - skew) // ALIGN) * ALIGN + skew
         if end > start:
             regions.append((start, end - start, off))
+            if off > pos:
+                gaps.append((pos, off))
+            pos = off + end - start
         for i in members:
             offsets[i] = off + buffers[i][0] - start
-        pos = off + end - start
     writes = [(address, offsets[i], size) for i, (address, size, writable) in enumerate(buffers) if writable and size]
-    return regions, offsets, pos, writes
+    return Plan(regions, offsets, pos, writes, tuple((off, size) for _, size, off in regions), tuple(gaps))
 
 
 def _emu_writable(p: MslParam | None) -> bool:
@@ -363,14 +462,12 @@ class RemoteLibrary(BoundKernels):
             if len(_plans) > 256:
                 _plans.clear()
             plan = _plans[buffers] = _layout(buffers)
-        regions, offsets, need, writes = plan
         for attempt in range(2):
             server = self._server()
-            base = server.reserve(need)
-            for address, size, off in regions:
-                ctypes.memmove(base + off, address, size)
+            base = server.reserve(plan.need)
+            server.fill(plan)
             try:
-                server.sock.sendall(frame(offsets))
+                server.sock.sendall(frame(plan.offsets))
                 break
             except OSError:  # the server was already gone (not this kernel's doing): a fresh one, once
                 if attempt:
@@ -382,11 +479,16 @@ class RemoteLibrary(BoundKernels):
         elapsed = time.perf_counter() - t0
         if elapsed > self._slowest:
             self._slowest = elapsed
+        server.settle(plan)
+        if not server.untouched(plan):
+            server.close()  # the arena goes with it: nothing the kernel left there reaches another call
+            raise KernelServerError(f"kernel {name} wrote into the kernel server's arena outside its arguments "
+                                    "(memory that would outlive the call); the server was stopped")
         if status == KERNEL_ERROR:
             return payload.decode(errors="replace")
         if status != OK:
             raise KernelServerError(f"kernel {name} failed in the kernel server: {payload.decode(errors='replace')}")
-        for address, off, size in writes:
+        for address, off, size in plan.writes:
             ctypes.memmove(address, base + off, size)
         return ""
 
@@ -435,6 +537,9 @@ class _RemoteEmuKernel(EmuKernel):
         self._format = call_frame(emu_call_format(self._nargs))
         self._args: tuple[Any, ...] = ()
         self._bufs: dict[int, Any] = {}
+
+    def _may_write(self, i: int) -> bool:
+        return self._slot_writable[i] or super()._may_write(i)  # what is copied back, too
 
     def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[Any, Any]:
         cfg, arr = super()._config(regions)

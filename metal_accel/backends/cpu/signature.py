@@ -88,10 +88,16 @@ def _declarations(block: str) -> list[str]:
     return out
 
 
+def _first_declarator(words: list[str]) -> int:
+    """The index of the first `*` or `[...]` among WORDS (their count where there is none): a `const` before it
+    qualifies the pointee, one after it the pointer itself."""
+    return next((i for i, w in enumerate(words) if w == "*" or w.startswith("[")), len(words))
+
+
 def _parse_param(func: str, index: int, text: str) -> CParam:
     tokens = re.findall(r"[A-Za-z_]\w*|\*|&|\[[^\]]*\]", text.replace("std::", ""))
     words = [w for w in tokens if w not in _QUALIFIERS]
-    is_const = "const" in words
+    is_const = "const" in words[:_first_declarator(words)]  # the pointee's: `float* const out` is written
     words = [w for w in words if w != "const"]
     stars = sum(w == "*" or w.startswith("[") for w in words)
     if "&" in words:

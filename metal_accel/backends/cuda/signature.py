@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...core.errors import CompileError, KernelLaunchError
-from ..cpu.signature import _clean, extern_c_declarations
+from ..cpu.signature import _clean, _first_declarator, extern_c_declarations
 from ..cpu.signature import scalar_converter as _scalar_converter
+from ..protected import check_writable
 
 _F16, _BF16 = torch.float16, torch.bfloat16
 # pointer base type -> (tensor dtypes it accepts, required byte alignment of the data pointer)
@@ -88,7 +89,7 @@ class CudaParam:
 def _parse_param(func: str, index: int, text: str) -> CudaParam:
     tokens = re.findall(r"[A-Za-z_]\w*(?:::\w+)*|\*|&|\[[^\]]*\]", text)
     words = [w for w in tokens if w not in _QUALIFIERS]
-    is_const = "const" in words
+    is_const = "const" in words[:_first_declarator(words)]  # the pointee's: `float* const out` is written
     words = [w for w in words if w != "const"]
     if "&" in words:
         raise CompileError(f"kernel {func}: parameter {text.strip()!r}: references are not supported")
@@ -255,8 +256,20 @@ def pointer_converter(kernel: str, i: int, p: CudaParam, device_type: str = "cud
                     return ptr
             fail(x)
             raise AssertionError  # unreachable
-        return convert_cuda
-    return convert
+        return _checking_writes(convert_cuda, where, p)
+    return _checking_writes(convert, where, p)
+
+
+def _checking_writes(convert: Callable[[Any], int], where: str, p: CudaParam) -> Callable[[Any], int]:
+    """CONVERT, which also refuses a protected tensor (backends/protected.py) where the kernel writes (P not const)."""
+    if p.is_const:
+        return convert
+
+    def convert_written(x: Any) -> int:
+        ptr = convert(x)
+        check_writable(where, x)
+        return ptr
+    return convert_written
 
 
 def scalar_converter(kernel: str, i: int, p: CudaParam) -> Callable[[Any], Any]:

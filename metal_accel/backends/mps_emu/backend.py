@@ -44,6 +44,7 @@ from ..cpu.backend import (
 )
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from ..native_build import compile_shared, compiler_env, scrub_diagnostics
+from ..protected import check_writable
 from . import msl_sites
 from .msl_signature import launcher, threadgroup_slots
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate, translate_unit
@@ -164,6 +165,10 @@ class EmuKernel:
     def _writable(self, i: int) -> bool:
         p = self._slots[i]
         return p is not None and (p.is_pointer or p.is_reference) and not re.search(r"\bconst\b", p.cpp_type)
+
+    def _may_write(self, i: int) -> bool:
+        """Whether what argument I binds may change by this call: the runtime's writable regions."""
+        return self._writable(i)
 
     def _config(self, regions: list[tuple[int, int, int, bool, int, int]]) -> tuple[LaunchConfig, Any]:
         """The launch's ma_rt::Config: bound buffers (a read-only one that overlaps a written one is
@@ -301,6 +306,8 @@ class EmuKernel:
                 if el is not None and a.dtype not in _ELEMS[el[0]][0]:
                     want = " or ".join(str(d) for d in _ELEMS[el[0]][0])
                     raise KernelLaunchError(f"{self._where(i)}: expected a tensor of dtype {want}, got {a.dtype}")
+                if self._may_write(i):
+                    check_writable(self._where(i), a)
                 ptrs[i] = a.data_ptr()  # the storage from the tensor's storage offset, as compile_shader binds it
                 regions.append((a.data_ptr(), _extent(a), i, self._writable(i), min(4, a.element_size()), a.element_size()))
                 if first_numel is None:
