@@ -13,7 +13,7 @@ from torch import nn
 
 from ..core.keys import class_source
 from ..core.specs import UnsupportedCall, call_signature, input_tensors
-from .ops import KernelOp, ModuleLayout, _is_compiling
+from .ops import ConfigWatch, KernelOp, ModuleLayout, _is_compiling
 
 log = logging.getLogger(__name__)
 _tracing_state = torch._C._get_tracing_state
@@ -85,6 +85,10 @@ class Dispatcher:
         self._form_slot = 0
         self._form = self._state_form()  # the dtype and device the ops were proven with (first float state tensor)
         self._form_warned = False
+        # per op: the module's plain state as the op was proven with, checked on each call (a changed
+        # `norm.eps` runs eager); None for an op without a layout (a torch.compile: dynamo guards it itself)
+        self._watches: dict[Any, ConfigWatch | None] = {}
+        self.config_calls = 0  # calls that ran eager because the module's config differs from the proven one
 
     @functools.cached_property
     def __signature__(self) -> inspect.Signature | None:
@@ -97,6 +101,7 @@ class Dispatcher:
 
     def add(self, signature: tuple, op: KernelOp) -> None:
         self.table[signature] = op
+        self._watches[op] = self._watch_for(op)
         self._form = self._state_form()
         self._table_changed()
 
@@ -132,6 +137,31 @@ class Dispatcher:
                         else None, form[1] if form else None, self._form[0], self._form[1])
         return True
 
+    def _watch_for(self, op: Any) -> ConfigWatch | None:
+        """The watch of this module's state against what OP was proven with (OP's own layout: an op shared by
+        equal modules holds the config of the one it was made for)."""
+        proven = getattr(op, "_layout", None)
+        return self.layout.watch(proven) if isinstance(proven, ModuleLayout) else None
+
+    def _config_changed(self, op: Any) -> bool:
+        """True when a plain attribute of the module or a descendant (`norm.eps`, `attn.scaling`), a tensor kept
+        as a plain attribute, a child, or the set of public attributes differs from what OP was proven with:
+        the call then runs eager, as a signature without a kernel would, until the state is back or a new
+        optimize() proves a kernel for it. Logged once per op."""
+        watch = self._watches.get(op, _UNRESOLVED)
+        if watch is _UNRESOLVED:  # put in the table by hand: watched from now on
+            watch = self._watches[op] = self._watch_for(op)
+        if _is_compiling():  # dynamo traces this call: what it can trace and guard, and no logging
+            return watch is not None and watch.traced_changed()
+        if watch is None or not watch.changed():
+            return False
+        if not watch.reported:
+            watch.reported = True
+            log.warning("metal_accel: %s: %s: it runs eager (its kernel %s was proven with the old state; "
+                        "optimize() the model again to prove one for the new)", self.module_name,
+                        watch.difference(), getattr(op, "name", op))
+        return True
+
     def remove(self, signature: tuple) -> None:
         self.table.pop(signature, None)
         self._table_changed()
@@ -158,6 +188,7 @@ class Dispatcher:
                     self._resolved = {s: o for s, o in self._resolved.items() if o is None or s == sig}
                     self._form, self._form_warned = form, False
                 self.table[sig] = op
+                self._watches[op] = self._watch_for(op)
         elif op is None and self.on_settled is not None and not self.table:
             self._quiet_calls += 1
             if self._quiet_calls >= SETTLE_CALLS:
@@ -175,7 +206,7 @@ class Dispatcher:
             op = self.table.get(call_signature(args, kwargs, offsets=False))
         except TypeError:
             return None
-        return op if isinstance(op, KernelOp) else None
+        return op if isinstance(op, KernelOp) and not self._config_changed(op) else None
 
     def in_training(self) -> bool:
         """True when the module or one of its descendants is in training mode: kernels are for eval only."""
@@ -196,13 +227,15 @@ class Dispatcher:
             return None
         new = Dispatcher.__new__(Dispatcher)
         memo[id(self)] = new
-        bound = {"table", "_resolved", "fallback", "resolver", "on_settled", "_mode_flags", "__signature__"}
+        bound = {"table", "_resolved", "fallback", "resolver", "on_settled", "_mode_flags", "__signature__",
+                 "_watches"}
         for key, value in self.__dict__.items():
             if key not in bound:
                 new.__dict__[key] = copy.deepcopy(value, memo)
         new.table = {sig: copy.deepcopy(op, memo) for sig, op in self.table.items() if isinstance(op, KernelOp)}
         new._resolved, new.resolver, new.on_settled, new.fallback = {}, None, None, None
         new._mode_flags = None
+        new._watches = {}  # the copy's own, made at its first call: its modules are still being copied now
         new._table_changed()
         return new
 
@@ -256,6 +289,10 @@ class Dispatcher:
     def _run_op(self, op: KernelOp, args: tuple, kwargs: dict, count: bool) -> Any:
         state = self.layout.gather()
         if self._form is not None and self._moved(state):
+            return self.original(*args, **kwargs)
+        if self._config_changed(op):
+            if count:
+                self.config_calls += 1
             return self.original(*args, **kwargs)
         if torch.is_grad_enabled() and (any(t.requires_grad for t in state)
                                         or any(t.requires_grad for t in input_tensors(args, kwargs))):
