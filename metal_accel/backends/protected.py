@@ -11,7 +11,7 @@ launcher does.
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils import _pytree
@@ -74,3 +74,15 @@ def check_writable(where: str, t: torch.Tensor) -> None:
                 "of the call, and the kernel may write through this parameter; host code must pass a tensor it "
                 "allocated (write the result into a new tensor, or declare the parameter const if the kernel only "
                 "reads it)")
+
+
+def checking_writes(convert: Callable[[Any], int], where: str, is_const: bool) -> Callable[[Any], int]:
+    """A launcher's pointer CONVERT that also refuses a protected tensor where the kernel writes (not IS_CONST)."""
+    if is_const:
+        return convert
+
+    def convert_written(x: Any) -> int:
+        address = convert(x)
+        check_writable(where, x)
+        return address
+    return convert_written

@@ -30,7 +30,7 @@ from ..base import (
     torch_major_minor,
 )
 from ..native_build import compile_shared
-from ..protected import check_writable
+from ..protected import checking_writes
 from .signature import (
     POINTER_DTYPES,
     SCALAR_TYPES,
@@ -66,15 +66,7 @@ def _pointer_converter(kernel: str, i: int, p: CParam) -> Callable[[Any], int]:
         fail(x)
         raise AssertionError  # unreachable
 
-    if p.is_const:
-        return convert
-
-    def convert_written(x: Any) -> int:
-        address = convert(x)
-        check_writable(where, x)
-        return address
-
-    return convert_written
+    return checking_writes(convert, where, p.is_const)
 
 
 def _bind(kernel: str, fn: Any, params: list[CParam]) -> Callable[..., None]:

@@ -20,7 +20,7 @@ import torch
 from ...core.errors import CompileError, KernelLaunchError
 from ..cpu.signature import _clean, _first_declarator, extern_c_declarations
 from ..cpu.signature import scalar_converter as _scalar_converter
-from ..protected import check_writable
+from ..protected import checking_writes
 
 _F16, _BF16 = torch.float16, torch.bfloat16
 # pointer base type -> (tensor dtypes it accepts, required byte alignment of the data pointer)
@@ -256,20 +256,8 @@ def pointer_converter(kernel: str, i: int, p: CudaParam, device_type: str = "cud
                     return ptr
             fail(x)
             raise AssertionError  # unreachable
-        return _checking_writes(convert_cuda, where, p)
-    return _checking_writes(convert, where, p)
-
-
-def _checking_writes(convert: Callable[[Any], int], where: str, p: CudaParam) -> Callable[[Any], int]:
-    """CONVERT, which also refuses a protected tensor (backends/protected.py) where the kernel writes (P not const)."""
-    if p.is_const:
-        return convert
-
-    def convert_written(x: Any) -> int:
-        ptr = convert(x)
-        check_writable(where, x)
-        return ptr
-    return convert_written
+        return checking_writes(convert_cuda, where, p.is_const)
+    return checking_writes(convert, where, p.is_const)
 
 
 def scalar_converter(kernel: str, i: int, p: CudaParam) -> Callable[[Any], Any]:
