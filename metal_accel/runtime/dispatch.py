@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from ..core.keys import class_source
 from ..core.specs import UnsupportedCall, call_signature, input_tensors
@@ -58,6 +59,7 @@ class Dispatcher:
         self.original = original
         self.module_name = type(module).__name__
         self.layout = ModuleLayout(module)
+        self._child_hooks: tuple[dict, ...] | None = None  # the descendants' hook dicts (_hooked), read at first use
         self.table: dict[tuple, KernelOp] = {}
         self.strict = strict
         self.hits = 0
@@ -162,6 +164,16 @@ class Dispatcher:
                         watch.difference(), getattr(op, "name", op))
         return True
 
+    def _hooked(self) -> bool:
+        """True when a forward hook would miss a call the op replaces: one on a descendant (registered before or
+        after optimize(): activation capture, steering, adapters) or a global one. The module's own hooks run
+        around the dispatcher."""
+        if self._child_hooks is None:
+            self._child_hooks = tuple(d for sub in self.layout.modules[1:]
+                                      for d in (sub._forward_hooks, sub._forward_pre_hooks))
+        return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+                    or any(self._child_hooks))
+
     def remove(self, signature: tuple) -> None:
         self.table.pop(signature, None)
         self._table_changed()
@@ -228,7 +240,7 @@ class Dispatcher:
         new = Dispatcher.__new__(Dispatcher)
         memo[id(self)] = new
         bound = {"table", "_resolved", "fallback", "resolver", "on_settled", "_mode_flags", "__signature__",
-                 "_watches"}
+                 "_watches", "_child_hooks"}
         for key, value in self.__dict__.items():
             if key not in bound:
                 new.__dict__[key] = copy.deepcopy(value, memo)
@@ -236,6 +248,7 @@ class Dispatcher:
         new._resolved, new.resolver, new.on_settled, new.fallback = {}, None, None, None
         new._mode_flags = None
         new._watches = {}  # the copy's own, made at its first call: its modules are still being copied now
+        new._child_hooks = None  # likewise its descendants' hook dicts
         new._table_changed()
         return new
 
@@ -254,7 +267,7 @@ class Dispatcher:
         if self.fallback is not None and not (bypass and self.honor_bypass) and _tracing_state() is None \
                 and not _is_compiling() and not self.in_training() \
                 and (not self.table or self.kernel_for(args, kwargs) is None):  # a signature's own op comes first
-            if self._moved():
+            if self._moved() or self._hooked():
                 return self.original(*args, **kwargs)
             self.hits += 1
             return self.fallback(args, kwargs, [])
@@ -287,7 +300,13 @@ class Dispatcher:
         return self._run_op(op, args, kwargs, count=True)
 
     def _run_op(self, op: KernelOp, args: tuple, kwargs: dict, count: bool) -> Any:
-        state = self.layout.gather()
+        if self._hooked():
+            return self.original(*args, **kwargs)
+        try:
+            state = self.layout.gather()
+        except KeyError:  # a parameter or buffer left its slot (prune, weight_norm, parametrize): eager
+            self.config_calls += count
+            return self.original(*args, **kwargs)
         if self._form is not None and self._moved(state):
             return self.original(*args, **kwargs)
         if self._config_changed(op):

@@ -268,8 +268,7 @@ class KernelOp:
         # containers among the arguments: the op takes their tensors flat, host code gets the structure back
         self._structured = spec.structured
         self._plain_out = output_spec.tree is None
-        self._view_key: tuple[int, ...] = ()
-        self._view: ModuleView | None = None
+        self._cached_view: tuple[ModuleView, tuple[int, ...]] | None = None
         _LIB.define(f"{name}(Tensor[] args, Tensor[] state) -> Tensor[]")
         _LIB.impl(name, self._impl, _DISPATCH_KEYS[device_type])
         torch.library.register_fake(f"metal_accel::{name}", self._fake, lib=_LIB)
@@ -277,10 +276,12 @@ class KernelOp:
 
     def _module_view(self, state: list[torch.Tensor]) -> ModuleView:
         # The view holds the state tensors, so their ids cannot be reused while it is cached.
+        # One (view, key) pair, read and written at once: equal modules share the op, maybe from several threads.
         key = tuple(map(id, state))
-        if self._view is None or key != self._view_key:
-            self._view, self._view_key = self._layout.view(state), key
-        return self._view
+        cached = self._cached_view
+        if cached is None or cached[1] != key:
+            cached = self._cached_view = (self._layout.view(state), key)
+        return cached[0]
 
     def _impl(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(t.storage_offset() for t in tensors):  # reached from a compiled graph, which does not see offsets:
@@ -301,7 +302,9 @@ class KernelOp:
 
     def _fake(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
         like = tensors[0] if tensors else state[0]
-        return [like.new_empty(t.shape, dtype=t.torch_dtype) for t in self.output_spec.tensors]
+        # the strides the proof saw the kernel return (eager's, which the proof checks), not contiguous ones: a
+        # compiled graph reads the real output through these (a channels_last output failed inductor's strides check)
+        return [like.new_empty_strided(t.shape, t.stride, dtype=t.torch_dtype) for t in self.output_spec.tensors]
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
         if self._tensors_only and not kwargs and _plain_eager(args):  # the hot path: host code called directly
