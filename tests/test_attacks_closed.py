@@ -193,3 +193,9 @@ def test_inside_a_users_torch_compile_the_kernel_stays_one_graph_and_never_sees_
         compiled = torch.compile(model.chain, backend="eager", dynamic=False)
         view = torch.randn(8 * 256)[256:256 + 4 * 256].view(4, 256)
         torch.testing.assert_close(compiled(view), ref.chain(view), rtol=1e-4, atol=1e-4)
+
+
+def test_a_top_level_constant_may_be_set_again_at_top_level():
+    """A library kernel file declares SHAPE_GENERIC and its generated glue declares it again: still a constant."""
+    check_host_code(HEAD + 'SHAPE_GENERIC = "rows"\nSHAPE_GENERIC = "rows"\n\n\ndef forward(module, x):\n'
+                    "    y = x * 2.0\n    return y\n")

@@ -116,15 +116,16 @@ class _Checker:
         for fn in defs:
             self._function(fn)
 
-    def _check_binding(self, name: str, lineno: int) -> None:
-        """A name the block binds must not shadow what the checker relies on."""
+    def _check_binding(self, name: str, lineno: int, local: bool = False) -> None:
+        """A name the block binds must not shadow what the checker relies on (LOCAL: a function's parameter or
+        local, which must not take a top-level constant's name either)."""
         if name in FORBIDDEN_NAMES:
             raise SandboxError(name, lineno, f"{name} is a forbidden name")
         if _is_dunder(name):
             raise SandboxError("dunder name", lineno, f"{name} is not allowed")
         if name in GLOBAL_ROOTS or name in BUILTINS_ALLOWED or name in self.functions:
             raise SandboxError("rebinding", lineno, f"{name} may not be rebound")
-        if name in self.constants:  # the in-place rule takes a constant's name as fresh: no parameter or local hides one
+        if local and name in self.constants:  # the in-place rule takes a constant's name as fresh
             raise SandboxError("rebinding", lineno, f"{name} is a top-level constant and may not be rebound")
 
     def _function(self, fn: ast.FunctionDef) -> None:
@@ -147,12 +148,12 @@ class _Checker:
         self.locals = set(params)
         for p in params:
             if p != "module":
-                self._check_binding(p, line)
+                self._check_binding(p, line, local=True)
         for node in ast.walk(fn):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 if node.id == "module" and self.has_module:
                     raise SandboxError("rebinding", node.lineno, "module may not be rebound")
-                self._check_binding(node.id, node.lineno)
+                self._check_binding(node.id, node.lineno, local=True)
                 self.locals.add(node.id)
         self.fresh = Freshness(fn, set(params), self.constants)
         for stmt in fn.body:
