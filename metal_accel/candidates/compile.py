@@ -47,7 +47,7 @@ from ..runtime.dispatch import (
     exit_eager,
 )
 from ..runtime.graph import GraphedOp
-from ..runtime.native_policy import op_variant, runs_in_process, runtime_library
+from ..runtime.native_policy import is_package_candidate, op_variant, runs_in_process, runtime_library
 from ..runtime.ops import KernelOp, kernel_op
 from ..sandbox.host import load_forward
 
@@ -299,7 +299,8 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
     lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, spec, backend))
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
-                   backend.device_type, op_variant(lib))
+                   backend.device_type, op_variant(lib),
+                   protect=not is_package_candidate(cand, module, spec, backend.name))
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":
         return GraphedOp(op, module)
     return op

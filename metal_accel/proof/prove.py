@@ -20,7 +20,7 @@ from ..core.verdict import Verdict
 from ..runtime.capture import ModuleCall
 from ..runtime.dispatch import Dispatcher, dispatcher_of, eager_forward, eager_only
 from ..runtime.graph import GraphedOp
-from ..runtime.native_policy import op_variant, runs_in_process, runtime_library
+from ..runtime.native_policy import is_package_candidate, op_variant, runs_in_process, runtime_library
 from ..runtime.ops import kernel_op
 from ..sandbox.host import check_host_code, load_forward
 from ..sandbox.kernel_source import check_kernel_source
@@ -184,7 +184,8 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
-                   call.output_spec, module, backend.device_type, op_variant(lib))
+                   call.output_spec, module, backend.device_type, op_variant(lib),
+                   protect=not is_package_candidate(cand, module, call.spec, backend.name))
     if not measures_speed(backend):
         reason = (f"correct on {backend.name} ({result.reason}); speed not measured: an emulated device's timings "
                   "say nothing about the real one, which proves speed itself before it installs this kernel")

@@ -86,12 +86,17 @@ def runs_in_process(cand: Any, module: Any, spec: Any, backend: Backend) -> bool
     chooses every pointer and size the kernel gets."""
     if backend.name not in NATIVE_BACKENDS or trust_native():
         return True
-    if not is_trusted(cand.source):
-        return False
+    return is_trusted(cand.source) and is_package_candidate(cand, module, spec, backend.name)
+
+
+def is_package_candidate(cand: Any, module: Any, spec: Any, backend: str) -> bool:
+    """Whether CAND's host code is the package's own for MODULE's call with SPEC: a shipped entry's code, or
+    exactly what the kernel library proposes for the call. Such host code is reviewed, so its calls need no
+    run-time guard against writing the module's tensors (backends/protected.py); any other candidate's do."""
     if _digest(cand.code) in shipped_code_digests():
         return True
     from ..library.trusted import is_library_candidate  # the library imports the runtime: late
-    return is_library_candidate(cand, module, spec, backend.name)
+    return is_library_candidate(cand, module, spec, backend)
 
 
 def is_trusted(source: str) -> bool:

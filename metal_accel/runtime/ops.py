@@ -256,8 +256,9 @@ class KernelOp:
     (tuples, dicts, None), and the tensors it returns are put back in the call's output container."""
 
     def __init__(self, name: str, host_forward: Callable[..., Any], spec: InputSpec, output_spec: OutputSpec,
-                 layout: ModuleLayout, device_type: str) -> None:
+                 layout: ModuleLayout, device_type: str, protect: bool = True) -> None:
         self.name = name
+        self._protect = protect
         self.spec = spec
         self.output_spec = output_spec
         self._host = host_forward
@@ -286,6 +287,8 @@ class KernelOp:
     def _impl(self, tensors: list[torch.Tensor], state: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(t.storage_offset() for t in tensors):  # reached from a compiled graph, which does not see offsets:
             tensors = [_at_storage_start(t) for t in tensors]  # the kernel runs only on what its proof tried
+        if not self._protect:
+            return self._run_host(tensors, state)
         with ProtectedTensors(state, tensors):  # here, not in __call__: a compiled graph runs the op on its own
             return self._run_host(tensors, state)
 
@@ -308,7 +311,10 @@ class KernelOp:
 
     def __call__(self, args: tuple, kwargs: dict, state: list[torch.Tensor]) -> Any:
         if self._tensors_only and not kwargs and _plain_eager(args):  # the hot path: host code called directly
-            with ProtectedTensors(state, args):  # no kernel may write the module's tensors or the inputs
+            if self._protect:
+                with ProtectedTensors(state, args):  # no kernel may write the module's tensors or the inputs
+                    out = self._host(self._module_view(state), *args)
+            else:
                 out = self._host(self._module_view(state), *args)
             if self.output_spec.single and type(out) is torch.Tensor:
                 return out
@@ -363,11 +369,14 @@ def _plain_eager(tensors: list[torch.Tensor] | tuple) -> bool:
 
 
 def kernel_op(entry_key: str, digest: str, make_host: Callable[[], Callable[..., Any]], spec: InputSpec,
-              output_spec: OutputSpec, module: nn.Module, device_type: str, variant: str = "") -> KernelOp:
+              output_spec: OutputSpec, module: nn.Module, device_type: str, variant: str = "",
+              protect: bool = True) -> KernelOp:
     """The custom op for (entry, candidate[, VARIANT of its library]), registered once per process and shared by
-    equal modules."""
+    equal modules. PROTECT: its host code's kernels may not write the module's tensors or the call's inputs
+    (backends/protected.py); False only for the package's own host code, which is reviewed (a few us a call)."""
     name = f"k_{entry_key[:16]}_{digest[:8]}" + (f"_{variant}" if variant else "")
     op = _OPS.get(name)
     if op is None:
-        op = _OPS[name] = KernelOp(name, make_host(), spec, output_spec, ModuleLayout(module), device_type)
+        op = _OPS[name] = KernelOp(name, make_host(), spec, output_spec, ModuleLayout(module), device_type,
+                                   protect)
     return op
