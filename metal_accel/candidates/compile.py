@@ -297,10 +297,11 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
     if cand.is_builtin:
         compiled = CompiledOp(module, f"compile_{key[:16]}")
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
-    lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, spec, backend))
+    own = is_package_candidate(cand, module, spec, backend.name)  # once: it generates the library's proposal
+    lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, spec, backend, own))
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
                    backend.device_type, op_variant(lib),
-                   protect=not is_package_candidate(cand, module, spec, backend.name))
+                   protect=not own)
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":
         return GraphedOp(op, module)
     return op

@@ -179,13 +179,14 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         log.info("metal_accel: %s: %s: soak took %.1f s", call.name, cand.origin, timings["soak_s"])
         if soaked:
             return reject(soaked)
+    own = is_package_candidate(cand, module, call.spec, backend.name)  # once: it generates the library's proposal
     try:
-        lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, call.spec, backend))
+        lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, call.spec, backend, own))
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
     op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
                    call.output_spec, module, backend.device_type, op_variant(lib),
-                   protect=not is_package_candidate(cand, module, call.spec, backend.name))
+                   protect=not own)
     if not measures_speed(backend):
         reason = (f"correct on {backend.name} ({result.reason}); speed not measured: an emulated device's timings "
                   "say nothing about the real one, which proves speed itself before it installs this kernel")

@@ -79,14 +79,16 @@ def shipped_code_digests() -> frozenset[str]:
     return _shipped_digests()[1]
 
 
-def runs_in_process(cand: Any, module: Any, spec: Any, backend: Backend) -> bool:
+def runs_in_process(cand: Any, module: Any, spec: Any, backend: Backend, own: bool | None = None) -> bool:
     """Whether CAND's native kernels may run in the user's process for MODULE's call with SPEC: the user opted
     in, or its source and its host code are both the package's own (a shipped entry's code, or exactly what the
     kernel library proposes for this call: library/trusted.py). A trusted source is not enough: the host code
-    chooses every pointer and size the kernel gets."""
+    chooses every pointer and size the kernel gets. OWN: is_package_candidate's answer, where the caller has it."""
     if backend.name not in NATIVE_BACKENDS or trust_native():
         return True
-    return is_trusted(cand.source) and is_package_candidate(cand, module, spec, backend.name)
+    if own is None:
+        own = is_package_candidate(cand, module, spec, backend.name)
+    return own and is_trusted(cand.source)
 
 
 def is_package_candidate(cand: Any, module: Any, spec: Any, backend: str) -> bool:
