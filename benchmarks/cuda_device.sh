@@ -62,6 +62,21 @@ for step in "$@"; do
         --models ${ZOO_MODELS:-llama,bert} --model-timeout ${ZOO_TIMEOUT:-240} --out "$OUT" ${ZOO_ARGS:-} 2>&1 \
         | grep -v Warning | tee /tmp/zoo.log | tail -${ZOO_TAIL:-30}
       mkdir -p "$OUT/zoo_logs"; cp /tmp/ma_zoo_logs_*/*.log "$OUT/zoo_logs/" 2>/dev/null ;;
+    synth)  # synthesis end to end against the scripted server (benchmarks/synth_e2e.py); needs .whl-llm/ (the SDKs)
+      # and .kb/ carried, and .whl-ray/ (Ray 2.40 for Python 3.12: its wheels and the package as a tarball) for --ray-gpus
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-llm/*.whl 2>&1 | tail -2
+      if [ -d .whl-ray ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          $(ls .whl-ray/*.whl | grep -v -e /idna- -e /typing_extensions-) 2>&1 | tail -2
+        tar xJf .whl-ray/ray-cp312.tar.xz -C /tmp/site
+      fi
+      export PYTHONPATH=/tmp/site
+      LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) )); touch /tmp/synth.start
+      KB_PROBLEMS=$PROBLEMS timeout -s INT -k 20 $LEFT python3 benchmarks/synth_e2e.py --kernelbench --backend cuda \
+        --max-tensor-mb 64 --answer-s 60 --time-scale 0.02 ${SYNTH_ARGS:---no-farm --limit 70 --max-wall 420} 2>&1 \
+        | grep -v Warning | tee /tmp/synth.log | tail -${SYNTH_TAIL:-25}
+      find docs/results/synth_e2e -name '*.json' -newer /tmp/synth.start | xargs -r cp -t "$OUT/"
+      cp /tmp/synth.log "$OUT/" ;;
     cpu)
       mkdir -p "$OUT/cpu"
       { lscpu; free -g; gcc --version | head -1; } > "$OUT/cpu/machine.txt" 2>&1
