@@ -10,6 +10,7 @@ launcher does.
 """
 from __future__ import annotations
 
+import re
 from contextvars import ContextVar, Token
 from typing import Any, Callable
 
@@ -55,10 +56,11 @@ def _leaves(group: Any) -> list[Any]:
 
 
 def storage_range(t: torch.Tensor) -> tuple[int, int]:
-    """[start, end) of the bytes of T's storage: every view of it reaches into the same range."""
+    """[start, end) of the bytes of T's storage: every view of it reaches into the same range. On MPS a
+    storage's pointer names its Metal buffer (no address arithmetic), so its range is that one point."""
     s = t.untyped_storage()
     start = s.data_ptr()
-    return start, start + s.nbytes()
+    return start, start + (s.nbytes() if t.device.type != "mps" else 1)
 
 
 def check_writable(where: str, t: torch.Tensor) -> None:
@@ -86,3 +88,12 @@ def checking_writes(convert: Callable[[Any], int], where: str, is_const: bool) -
         check_writable(where, x)
         return address
     return convert_written
+
+
+def msl_param_written(p: Any) -> bool:
+    """Whether an MSL kernel may write through buffer parameter P (mps_emu.msl_signature.MslParam; None: no
+    parameter binds that index): a pointer or reference whose pointee, at any level, is not const
+    (`device float* const` is written through; `constant T*` is translated to `const T*`)."""
+    if p is None or not (p.is_pointer or p.is_reference):
+        return False
+    return not all(re.search(r"\bconst\b", level) for level in re.split(r"[*&]", p.cpp_type)[:-1])

@@ -49,7 +49,8 @@ from ..backends.cpu.backend import _bind
 from ..backends.cpu.signature import parse_extern_c
 from ..backends.mps_emu import msl_sites
 from ..backends.mps_emu.backend import EmuKernel, SiteTable
-from ..backends.mps_emu.msl_signature import MslKernel, MslParam
+from ..backends.mps_emu.msl_signature import MslKernel
+from ..backends.protected import msl_param_written
 from ..core import config
 from ..core.errors import CompileError, MetalAccelError
 from ..core.redact import redact
@@ -385,14 +386,6 @@ def _layout(buffers: tuple[Buffer, ...]) -> Plan:
     return Plan(regions, offsets, pos, writes, tuple((off, size) for _, size, off in regions), tuple(gaps))
 
 
-def _emu_writable(p: MslParam | None) -> bool:
-    """Whether a kernel may write through buffer parameter P (a device pointer or reference, not const)."""
-    if p is None:
-        return False  # an index no parameter binds: the kernel has no business writing there
-    pointee = p.decl.split("*")[0].split("&")[0].split()
-    return "const" not in pointee and "constant" not in pointee
-
-
 class RemoteLibrary(BoundKernels):
     """A native kernel library whose kernels run in the kernel server; `lib.<kernel>(*args, **launch)`."""
 
@@ -532,7 +525,7 @@ class _RemoteEmuKernel(EmuKernel):
             return self._forward(ptrs, dims, err, size)
         super().__init__(k, forward, sites)
         self._library, self._index = library, index
-        self._slot_writable = [_emu_writable(p) for p in self._slots]
+        self._slot_writable = [msl_param_written(p) for p in self._slots]
         self._regions: dict[int, tuple[int, int]] = {}  # buffer index -> (bytes, flags word), this call
         self._format = call_frame(emu_call_format(self._nargs))
         self._args: tuple[Any, ...] = ()

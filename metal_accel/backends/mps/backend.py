@@ -58,6 +58,7 @@ from .library import (
     MpsLibrary,
     ShaderLauncher,
 )
+from .written import written_buffers
 
 __all__ = ["EXT_MSL_VERSION", "MAX_BUFFER_INDEX", "MAX_SET_BYTES", "ExtensionLauncher", "MpsBackend", "MpsKernel",
            "MpsLibrary", "ShaderLauncher", "ascii_source", "chip_name", "clear_memory_cache", "describe",
@@ -182,6 +183,9 @@ class MpsBackend(BackendDefaults):
                 kernels = found.build(key, source, self.device_type)
                 if not kernels:
                     raise CompileError("no kernel found; declare kernels as `kernel void name(...)`")
+                written = written_buffers(source)
+                for name, kernel in kernels.items():
+                    kernel.written = written.get(name)
                 lib = _libraries[key] = MpsLibrary(kernels, found.name, key)
         return lib
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ...core.errors import CompileError, KernelLaunchError
+from ..protected import check_writable
 from .launch import (
     MAX_BUFFER_INDEX,
     ascii_source,
@@ -34,6 +35,11 @@ class MpsKernel:
         self.thread_execution_width = int(execution_width)
         self._device_type = device_type
         self._run = run
+        self.written: frozenset[int] | None = None  # buffer indices the kernel may write; None: every one
+
+    def _check_written(self, i: int, a: torch.Tensor) -> None:
+        if self.written is None or i in self.written:
+            check_writable(f"kernel {self.__name__}, argument {i}", a)
 
     def __call__(self, *args: Any, threads: Any = None, group_size: Any = None, arg_casts: Any = None) -> None:
         name = self.__name__
@@ -45,6 +51,7 @@ class MpsKernel:
                 if a.device.type != self._device_type:
                     raise KernelLaunchError(f"kernel {name}, argument {i}: tensor is on {a.device}; the mps backend "
                                             f"runs on {self._device_type} tensors")
+                self._check_written(i, a)
                 if first_numel is None:
                     first_numel = a.numel()
         geometry = launch_geometry(name, threads, group_size, first_numel, self.max_threads_per_threadgroup)
