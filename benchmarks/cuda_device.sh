@@ -73,10 +73,11 @@ for step in "$@"; do
       export PYTHONPATH=/tmp/site
       LEFT=$(( ${DEADLINE:-570} - ($(date +%s) - START) )); touch /tmp/synth.start
       KB_PROBLEMS=$PROBLEMS timeout -s INT -k 20 $LEFT python3 benchmarks/synth_e2e.py --kernelbench --backend cuda \
-        --max-tensor-mb 64 --answer-s 60 --time-scale 0.02 ${SYNTH_ARGS:---no-farm --limit 70 --max-wall 420} 2>&1 \
+        --max-tensor-mb 64 --answer-s 60 --time-scale 0.02 --rows-out /tmp/synth_rows ${SYNTH_ARGS:---no-farm --limit 70 --max-wall 420} 2>&1 \
         | grep -v Warning | tee /tmp/synth.log | tail -${SYNTH_TAIL:-25}
       find docs/results/synth_e2e -name '*.json' -newer /tmp/synth.start | xargs -r cp -t "$OUT/"
-      cp /tmp/synth.log "$OUT/" ;;
+      cp /tmp/synth.log "$OUT/"; cp /tmp/synth_rows.*.jsonl "$OUT/" 2>/dev/null
+      tail -n 30 /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | grep -v "^$" | tail -n 200 > "$OUT/ray_workers.txt" ;;
     cpu)
       mkdir -p "$OUT/cpu"
       { lscpu; free -g; gcc --version | head -1; } > "$OUT/cpu/machine.txt" 2>&1

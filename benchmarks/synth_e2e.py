@@ -79,6 +79,8 @@ def main() -> int:
     parser.add_argument("--ray-gpus", type=int, default=0,
                         help="--kernelbench --backend cuda: the farm on a one-node Ray cluster of this host's N GPUs, "
                              "a worker per GPU (no one-machine run)")
+    parser.add_argument("--rows-out", default=None,
+                        help="--kernelbench: also write each problem's result line (JSON) to ROWS_OUT.<run>.jsonl")
     parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # K/N: one process of --shards
     parser.add_argument("--figures-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -225,7 +225,9 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
     mean, peak = in_flight(script.served)
     unasked = [r.get("problem") for r in rows if not any(rec.get("attempts") for rec in r.get("synthesis", []))]
     answered = len(rows) - len(unasked)
-    return {"problems": len(rows), "answered": answered, "unasked": unasked, "accepted": accepted,
+    return {"problems": len(rows), "answered": answered, "unasked": unasked,
+            "why_unasked": {str(r.get("problem")): _why_unasked(r) for r in rows if r.get("problem") in unasked},
+            "accepted": accepted,
             "answers": len(attempts),
             "lost_to_format": lost,
             "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
@@ -234,6 +236,15 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
             "outcomes": _outcomes(attempts), "drawn": dict(script.drawn),
             "device_s_per_problem": device / len(rows) if rows else 0.0, "max_depth": depth,
             "answers_per_conversation": len(attempts) / len(conversations) if conversations else 0.0}
+
+
+def _why_unasked(row: dict) -> str:
+    """Why a problem got no request: its error, else what its report says of its modules."""
+    if row.get("error"):
+        return str(row["error"])[:300]
+    mods = row.get("report", {}).get("modules", [])
+    said = sorted({f"{m.get('status')}: {str(m.get('reason', ''))[:160]}" for m in mods})
+    return "; ".join(said)[:600] or "no module captured"
 
 
 def _outcomes(attempts: list[dict]) -> dict[str, int]:
@@ -324,6 +335,9 @@ def main(args: Any) -> int:
             else:
                 out, err, wall = _on_cluster(argv + ["--bundle", str(work / "farm.tar.gz")], device_kind(args.backend))
             figures[mode] = tally(out, wall, script)
+            if args.rows_out:  # every problem's result line, for a look at what the figures summarize
+                Path(args.rows_out).with_suffix(f".{mode.split()[0].strip(':').lower()}.jsonl").write_text(
+                    "".join(json.dumps(r) + "\n" for r in out))
             figures[mode]["tail"] = err.strip().splitlines()[-3:]
             print(mode, json.dumps(figures[mode]), file=sys.stderr)
             if not out:  # nothing ran (no SDK, no device, a bad flag): no figures to record
