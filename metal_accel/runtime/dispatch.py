@@ -14,6 +14,7 @@ from torch.nn.modules import module as _nn_module
 
 from ..core.keys import class_source
 from ..core.specs import UnsupportedCall, call_signature, input_tensors
+from . import spot_check
 from .ops import ConfigWatch, KernelOp, ModuleLayout, _is_compiling
 
 log = logging.getLogger(__name__)
@@ -322,7 +323,11 @@ class Dispatcher:
                               "torch.inference_mode() or torch.no_grad() to run its kernels", UserWarning, stacklevel=3)
             return self.original(*args, **kwargs)  # kernels have no backward: autograd needs eager
         try:
+            started = spot_check.clock() if count else 0.0  # not while dynamo traces: a clock breaks its graph
             out = op(args, kwargs, state)
+            if count and spot_check.due(op, started):  # a kernel not the package's own, at random: against eager
+                spot_check.check(op.name, out, lambda: self.original(*args, **kwargs),
+                                 spot_check.reference64(self.original, args, kwargs))
         except Exception as exc:
             if self.strict:
                 raise
