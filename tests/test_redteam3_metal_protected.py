@@ -105,3 +105,17 @@ def test_backend_compile_sets_written(monkeypatch: pytest.MonkeyPatch) -> None:
     with ProtectedTensors([w], []), pytest.raises(KernelLaunchError):
         lib.scale(torch.ones(8), torch.empty(8), w, 8, threads=8)
     assert not fake.ran
+
+
+def test_emulator_launcher_counts_const_pointer_as_written() -> None:
+    """The emulator's in-process launcher (a trusted candidate's, or METAL_ACCEL_TRUST_NATIVE=1) used to read
+    `device float* const` as read-only: a protected weight bound there was written."""
+    from metal_accel.backends import get_backend
+    be = get_backend("mps-emu")
+    if not be.is_available():
+        pytest.skip("no C++ compiler for the MSL emulator")
+    lib = be.compile(SRC)
+    w = torch.ones(8)
+    with ProtectedTensors([w], []), pytest.raises(KernelLaunchError, match="argument 2"):
+        lib.scale(torch.ones(8), torch.empty(8), w, 8, threads=8)
+    assert torch.equal(w, torch.ones(8))

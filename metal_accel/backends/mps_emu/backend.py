@@ -44,7 +44,7 @@ from ..cpu.backend import (
 )
 from ..mps.launch import grid_dims  # the same 1-to-3-dimension rule as compile_shader's
 from ..native_build import compile_shared, compiler_env, scrub_diagnostics
-from ..protected import check_writable
+from ..protected import check_writable, msl_param_written
 from . import msl_sites
 from .msl_signature import launcher, threadgroup_slots
 from .msl_translate import MslKernel, MslParam, prepare_for_preprocessor, translate, translate_unit
@@ -163,8 +163,7 @@ class EmuKernel:
         return f"kernel {self._k.name}, argument {i}" + (f" ({p.decl})" if p else " (no parameter has this buffer index)")
 
     def _writable(self, i: int) -> bool:
-        p = self._slots[i]
-        return p is not None and (p.is_pointer or p.is_reference) and not re.search(r"\bconst\b", p.cpp_type)
+        return msl_param_written(self._slots[i])  # T* const is written through
 
     def _may_write(self, i: int) -> bool:
         """Whether what argument I binds may change by this call: the runtime's writable regions."""
