@@ -316,7 +316,7 @@ def main(args: Any) -> int:
     rounds, problems_at_once, concurrency = ROUNDS, AT_ONCE, CONCURRENCY
     argv = ["synth", str(jsonl), "--models", ",".join(MODELS), "--samples", "1", "--rounds", str(rounds),
             "--problems", str(problems_at_once), "--concurrency", str(concurrency), "--no-profile", "--json",
-            "--max-cost", "1000", "--backend", args.backend]
+            "--max-cost", "1000", "--max-tokens", "1000000000", "--backend", args.backend]
     if args.max_wall:
         argv += ["--max-wall", f"{args.max_wall:g}"]
     figures: dict[str, dict[str, Any]] = {}

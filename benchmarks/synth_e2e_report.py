@@ -2,6 +2,7 @@
 runs it, synth_e2e_shards.py joins the shards of one)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from synth_e2e_kb import FAILURE_MIX, LEFT_OUT, MODELS, USAGE
@@ -94,14 +95,15 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         "match PyTorch in under 20% of problems out of the box, more with execution feedback); the split is this "
         "benchmark's assumption. Every answer is spelled differently (fence case and tag, CRLF, a C++ block, a "
         "draft or a thinking section before the final block).",
+        "- No run cap on tokens or dollars (--max-tokens 1e9, --max-cost 1000): the default caps (6M tokens and "
+        "$20 a run; on a farm each worker gets its share) would stop a run of this size early.",
         f"- Dollars at list prices (gpt-5 $1.25/$10, claude-sonnet-4-5 $3/$15 per million tokens in/out, "
         f"synth/budget.py) for {USAGE[0]} tokens in and {USAGE[1]} out per answer.",
         "- Answers lost to format errors: answers that held a usable kernel but were read as malformed, empty or "
         "truncated (the answers with no code block at all, drawn from the mix, are not counted). Target: none.",
         f"- Outcomes of the answers: {outcomes}. Problems with at least one answer: " + "; ".join(
             f"{mode}: {f['answered']} of {f['problems']}" for mode, f in figures.items()) + "." + "".join(
-            f" {mode}: no kernel was asked for on {', '.join(f['unasked'])}." for mode, f in figures.items()
-            if f.get("unasked")) + (f" Left out, over the cap at any batch size: {'; '.join(LEFT_OUT)}."
+            f" {mode}: {_unasked(f)}" for mode, f in figures.items() if f.get("unasked")) + (f" Left out, over the cap at any batch size: {'; '.join(LEFT_OUT)}."
                                      if LEFT_OUT else ""),
         where,
         f"- Where the time goes: {one['device_s_per_problem']:.1f} s of device work per problem on one device "
@@ -112,3 +114,14 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         f"{at_once} x 3600 / (answers per conversation x latency + device s), and never more than 3600 / device s): "
         "the LLM's latency, not the device, sets the pace, so more problems in flight (or more machines) pay.",
     ])
+
+
+def _unasked(f: dict) -> str:
+    """The problems that got no request, grouped by why (numbers folded: 'composite of N modules')."""
+    why = f.get("why_unasked") or {p: "" for p in f["unasked"]}
+    groups: dict[str, list[str]] = {}
+    for problem, reason in why.items():
+        groups.setdefault(re.sub(r"\d+", "N", reason.split("; ")[0]) or "(no reason recorded)", []).append(problem)
+    return f"no kernel was asked for on {len(why)} problems: " + "; ".join(
+        f"{len(names)} for '{reason}' ({', '.join(names)})" for reason, names in
+        sorted(groups.items(), key=lambda kv: -len(kv[1]))) + "."

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 
 import pytest
 
@@ -39,6 +40,21 @@ def test_device_kinds_as_ray_resources():
     assert found == {"mps:apple-m1": 1, "mps:apple-m4": 2}
     assert share(Limits(tokens=1000, cost_usd=3.0, wall_s=60.0), 3) == Limits(tokens=333, cost_usd=1.0, wall_s=60.0)
 
+
+def test_the_farm_report_says_which_cap_cut_problems_short(capsys):
+    from metal_accel.synth.farm import FarmResult
+    result = FarmResult({"cpu:sim-a": 2}, spent=[{"requests": 3}, {"requests": 2}])
+    stopped = {"stop_reason": "run token budget reached (3000 spent, 0 reserved, the next request may take 9000)"}
+    result.results = [{"problem": "a", "synthesis": [{"stop_reason": ""}]},
+                      {"problem": "b", "synthesis": [stopped, stopped]},
+                      {"problem": "c", "synthesis": [stopped]}]
+    cli_farm._report(result, sys.stdout)
+    err = capsys.readouterr().err
+    assert "stopped early (run token budget reached): 2 problem(s) cut short" in err, err
+    assert "each of the 2 workers has its share" in err
+    result.results = result.results[:1]
+    cli_farm._report(result, sys.stdout)
+    assert "stopped early" not in capsys.readouterr().err
 
 def test_each_cuda_worker_gets_a_gpu_of_its_own_where_the_cluster_has_enough(monkeypatch):
     import torch

@@ -210,3 +210,16 @@ def test_cli_runs_problems_at_once_with_device_work_in_turns(llm, tmp_path, monk
     assert len(server.script.met) == 2  # problem 2's request went out before problem 1's was answered
     assert "# 1_poly" in out and "# 2_poly" in out and "2 requests" in out
     assert watch.calls == 2 and watch.most == 1 and all(held)
+
+
+def test_cli_says_when_the_runs_cap_cut_problems_short(llm, tmp_path, monkeypatch, capsys):
+    for i in (1, 2, 3):
+        (tmp_path / f"{i}_poly.py").write_text(PROBLEM.replace("16", str(i + 3)))
+    llm({"gpt-4o": [Reply(candidate("BAD"), usage=(1000, 8000))]})  # $0.0825 an answer: one fits under $0.1
+    monkeypatch.setattr("metal_accel.pipeline.Pipeline.evaluate", lambda self, call, key, cand: Watch()(cand))
+    code = main(["synth", str(tmp_path), "--models", "openai:gpt-4o", "--samples", "1", "--rounds", "0",
+                 "--no-profile", "--backend", "cpu", "--problems", "1", "--max-cost", "0.1"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "stopped early (run cost budget reached): 2 problem(s) cut short" in err, err
+    assert "--max-cost" in err

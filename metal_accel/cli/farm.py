@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..backends import available_backends
+from ..synth.budget import run_stops, stopped_early
 from ..synth.farm import FarmError, FarmResult, node_resources, run_farm
 
 DEFAULT_BUNDLE = "farm-bundle.tar.gz"
@@ -115,3 +116,9 @@ def _report(result: FarmResult, out: Any) -> None:
     else:
         print("metal-accel synth: nothing was proven; no bundle written", file=out)
     print(f"metal-accel synth: farm: {result.summary()}", file=out)
+    per_problem = [run_stops(str(rec.get("stop_reason", "")) for rec in r.get("synthesis", []))
+                   for r in result.results]
+    stops = set().union(*per_problem)
+    if stops:  # a worker's caps are its share of the run's (synth/farm.share)
+        print(f"metal-accel synth: {stopped_early(stops, sum(1 for s in per_problem if s))}; on the farm each of the "
+              f"{len(result.spent)} workers has its share of the run's token and cost caps", file=sys.stderr)

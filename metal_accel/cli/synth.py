@@ -16,7 +16,7 @@ from ..backends import available_backends, get_backend
 from ..core.errors import MetalAccelError
 from ..core.scrub import scrub
 from ..kernelbench.problems import load_problems
-from ..synth.budget import Limits
+from ..synth.budget import Limits, run_stops, stopped_early
 from ..synth.lanes import lane_for
 from ..synth.loop import SynthesisLoop
 from ..synth.memo import RunJournal
@@ -152,9 +152,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 print()
             if _finished(loop, records):  # else a rerun of this command picks it up again
                 journal.add(pr.name, kernels=len(report.kernels))
+            stopped = run_stops(r.stop_reason for r in records)
+            if stopped:
+                stops.update(stopped)
+                cut_short.append(pr.name)
 
+    cut_short: list[str] = []
+    stops: set[str] = set()
     run_concurrently(todo, solve, loop.settings.problems, loop)
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {loop.run_meter.summary()}", file=out)
+    if stops:
+        print(f"metal-accel synth: {stopped_early(stops, len(cut_short))}", file=sys.stderr)
     return _exit_code(loop)
 
 

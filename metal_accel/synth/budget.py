@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from .models import ProviderConfigError
@@ -192,6 +192,17 @@ class Meter:
         failed = f" ({self.failed} failed)" if self.failed else ""
         return (f"{self.requests} requests{failed}, {self.tokens} tokens, ${self.cost_usd:.4f}, "
                 f"{self.elapsed_s:.0f} s")
+
+
+def run_stops(stop_reasons: Iterable[str]) -> set[str]:
+    """Which of the run's caps stopped synthesis, from its records' stop reasons ('run token budget reached')."""
+    return {r.split(" (")[0] for r in stop_reasons if r.startswith("run ")}
+
+
+def stopped_early(stops: set[str], unfinished: int) -> str:
+    """What to tell a user whose run's caps (STOPS: run_stops) cut synthesis short."""
+    return (f"stopped early ({'; '.join(sorted(stops))}): {unfinished} problem(s) cut short; raise --max-tokens, "
+            "--max-cost or --max-wall and run the same command again to resume them")
 
 
 @dataclass
