@@ -127,3 +127,15 @@ def test_fast_comparison_accepts_only_what_the_proof_would() -> None:
         assert got == fast
         if got:
             compare_output(k, e, "fast", rule=FLOAT32_DEFAULT)  # the proof's comparison passes too
+
+
+def test_a_call_with_an_object_eager_may_change_is_not_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager's forward appending to a cache object passed in would append twice if replayed."""
+    monkeypatch.setenv(spot_check.ENV, "1")
+    m, _, x = _installed(safe=0)
+    op = dispatcher_of(m).table[call_signature((x,), {})]
+
+    class Cache:
+        pass
+    assert not spot_check.due(op, spot_check.clock(), (x, Cache()), {})
+    assert spot_check.due(op, spot_check.clock(), (x, [x, 3]), {"mask": None})

@@ -325,7 +325,7 @@ class Dispatcher:
         try:
             started = spot_check.clock() if count else 0.0  # not while dynamo traces: a clock breaks its graph
             out = op(args, kwargs, state)
-            if count and spot_check.due(op, started):  # a kernel not the package's own, at random: against eager
+            if count and spot_check.due(op, started, args, kwargs):  # a kernel not the package's own, at random: against eager
                 spot_check.check(op.name, out, lambda: self.original(*args, **kwargs),
                                  spot_check.reference64(self.original, args, kwargs))
         except Exception as exc:

@@ -85,14 +85,19 @@ class _Schedule:
 _schedule = _Schedule()
 
 
-def due(op: Any, started: float) -> bool:
+_PLAIN = (torch.Tensor, int, float, bool, str, complex, type(None), torch.dtype, torch.device)
+
+
+def due(op: Any, started: float, args: tuple, kwargs: dict) -> bool:
     """Whether this production call of OP, which started at clock() STARTED and has returned, is checked against
     eager: a kernel's op (runtime/ops.KernelOp) whose host code is not the package's own (`protect` on; the
-    package's is reviewed), at random."""
+    package's is reviewed), at random; never a call with an argument eager may change other than a tensor (a
+    cache object that eager's forward appends to would be appended to twice)."""
     if not isinstance(op, KernelOp) or not op._protect:
         return False
     rate = every()
-    return rate > 0 and _schedule.due(op.name, rate, clock() - started)
+    return rate > 0 and _schedule.due(op.name, rate, clock() - started) \
+        and all(isinstance(leaf, _PLAIN) for leaf in _pytree.tree_leaves((args, kwargs)))
 
 
 def check(name: str, out: Any, eager: Callable[[], Any], reference64: Callable[[], tuple | None]) -> None:
