@@ -178,7 +178,12 @@ _finder = _PatchingFinder()
 
 
 def _resolve_class(class_path: str) -> type | None:
-    """The class at `class_path` if its defining module is imported."""
+    """The class at `class_path` if its defining module is imported; never imports anything.
+
+    Names are looked up in the objects' own `__dict__`, not with getattr: a package whose submodules load on
+    attribute access (transformers' lazy `transformers.models`) would otherwise import every modeling module
+    the caches name (seven of them, seconds, at `import metal_accel` in a process that built a Phi-3).
+    """
     parts = class_path.split(".")
     for i in range(len(parts) - 1, 0, -1):
         mod = sys.modules.get(".".join(parts[:i]))
@@ -186,9 +191,17 @@ def _resolve_class(class_path: str) -> type | None:
             continue
         obj: Any = mod
         for name in parts[i:]:
-            obj = getattr(obj, name, None)
+            obj = _own_attr(obj, name)
         return obj if isinstance(obj, type) and issubclass(obj, nn.Module) else None
     return None
+
+
+def _own_attr(obj: Any, name: str) -> Any:
+    """OBJ's attribute NAME if OBJ (a module or class) holds it itself, else None; runs no __getattr__."""
+    try:
+        return vars(obj).get(name)
+    except TypeError:
+        return None
 
 
 def _patch_module(module_name: str) -> None:
