@@ -299,8 +299,8 @@ def candidate_op(cand: Candidate, key: str, module: torch.nn.Module, spec: Input
         return GraphedOp(compiled, module) if cand.kind == "cuda-graph" else compiled
     own = is_package_candidate(cand, module, spec, backend.name)  # once: it generates the library's proposal
     lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, spec, backend, own))
-    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), spec, output_spec, module,
-                   backend.device_type, op_variant(lib),
+    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib), zeroed=not own), spec,
+                   output_spec, module, backend.device_type, op_variant(lib),
                    protect=not own)
     if verdict is not None and verdict.details.get("launch") == "cuda-graph" and backend.device_type == "cuda":
         return GraphedOp(op, module)

@@ -185,5 +185,5 @@ def direct_forward(backend: Backend, masked: bool = False) -> Callable[..., torc
         raise LookupError(f"no {backend.name} kernel for {FAMILY}")
     source = declared_source(kernel[0])
     assert source is not None
-    return load_forward(kernel[0] + glue(masked), kernels_only(runtime_library(backend, source)))
+    return load_forward(kernel[0] + glue(masked), kernels_only(runtime_library(backend, source)), zeroed=False)
 

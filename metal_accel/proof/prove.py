@@ -184,7 +184,7 @@ def prove(call: ModuleCall, key: str, cand: Candidate, backend: Backend, setting
         lib = runtime_library(backend, cand.source, trusted=runs_in_process(cand, module, call.spec, backend, own))
     except MetalAccelError as exc:
         return reject(f"compile error: {exc}")
-    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib)), call.spec,
+    op = kernel_op(key, cand.digest, lambda: load_forward(cand.code, kernels_only(lib), zeroed=not own), call.spec,
                    call.output_spec, module, backend.device_type, op_variant(lib),
                    protect=not own)
     if not measures_speed(backend):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..core import pyast
+from ..proof.trial_buffers import current as current_call
 from ..proof.trial_buffers import proof_allocation, proof_initialized
 from .host_check import check_host_code, parse_and_check, strip_annotations
 from .host_rules import (
@@ -39,13 +40,19 @@ _INITIALIZED = frozenset(("torch.zeros", "torch.zeros_like", "torch.ones", "torc
                           "torch.full_like", "torch.arange"))
 
 
-def _proof_allocator(fn: Callable[..., torch.Tensor], initialized: bool) -> Callable[..., torch.Tensor]:
+def _proof_allocator(fn: Callable[..., torch.Tensor], initialized: bool, zeroed: bool = False
+                     ) -> Callable[..., torch.Tensor]:
     """FN as proof calls see it: a fenced buffer, filled by the call's fill where FN leaves it uninitialized
-    (trial_buffers.py)."""
+    (trial_buffers.py); ZEROED: the "plain" fill is zeros, as production's zeroed allocations are."""
     wrap = proof_initialized if initialized else proof_allocation
 
     def alloc(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return wrap(fn(*args, **kwargs))
+        t = wrap(fn(*args, **kwargs))
+        if zeroed:
+            bufs = current_call()
+            if bufs is not None and bufs.fill == "plain":
+                t.zero_()
+        return t
     alloc.__name__ = fn.__name__
     return alloc
 
@@ -64,12 +71,23 @@ def _proxy_tree(paths: frozenset[str], resolve: Callable[[str], Any]) -> types.S
     return root
 
 
-def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False) -> dict[str, Any]:
+def _zeroing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """FN whose memory is zero: what the allocator hands back holds no earlier call's values."""
+    def alloc(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return fn(*args, **kwargs).zero_()
+    alloc.__name__ = fn.__name__
+    return alloc
+
+
+def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False, zeroed: bool = True) -> dict[str, Any]:
     """Globals for host code: allowed builtins and whitelist-only proxies of torch, F and math.
 
     With PROOF (POISON is its former name), the allocation functions give the buffers of a proof call:
     fenced by guard regions and filled like stale memory, per call (trial_buffers.py). Without it they are
-    plain torch functions, as in production: no fill, no cost."""
+    the torch functions, as in production. ZEROED (host code that is not the package's own): torch.empty and
+    its kind give zeroed memory, in production and as a proof's "plain" fill, so host code cannot keep state
+    from call to call in the blocks the allocator hands back (a red-team pass kept a call counter there); the
+    package's own host code gets them plain: no fill, no cost."""
     proof = proof or poison
 
     def resolve_torch(path: str) -> Any:
@@ -77,7 +95,9 @@ def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False) -> d
         for part in path.split(".")[1:]:
             obj = getattr(obj, part)
         if proof and (path in _UNINITIALIZED or path in _INITIALIZED):
-            return _proof_allocator(obj, path in _INITIALIZED)
+            return _proof_allocator(obj, path in _INITIALIZED, zeroed and path in _UNINITIALIZED)
+        if zeroed and path in _UNINITIALIZED:
+            return _zeroing(obj)
         return obj
 
     torch_proxy = _proxy_tree(TORCH_ALLOWED, resolve_torch)
@@ -86,12 +106,13 @@ def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False) -> d
             "F": torch_proxy.nn.functional, "math": math_proxy, "lib": lib}
 
 
-def load_forward(candidate_code: str, lib: Any, *, proof: bool = False, poison: bool = False
+def load_forward(candidate_code: str, lib: Any, *, proof: bool = False, poison: bool = False, zeroed: bool = True
                  ) -> Callable[..., Any]:
     """Check the host code, run it in the restricted namespace and return its forward(); PROOF (or its
-    former name POISON): allocations give proof buffers (see build_namespace). A block that defines
-    prepare(module) gets a PreparedForward: the same call, with prepare's tensors made once per module state."""
-    ns = build_namespace(lib, proof=proof or poison)
+    former name POISON): allocations give proof buffers, ZEROED: uninitialized ones are zeroed (see
+    build_namespace; False only for the package's own host code). A block that defines prepare(module) gets a
+    PreparedForward: the same call, with prepare's tensors made once per module state."""
+    ns = build_namespace(lib, proof=proof or poison, zeroed=zeroed)
     exec(_checked_code(candidate_code), ns)  # checked code, restricted globals
     if "prepare" in ns:
         return PreparedForward(ns["forward"], ns["prepare"], proof=proof or poison)
