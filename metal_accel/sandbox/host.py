@@ -51,7 +51,7 @@ def _proof_allocator(fn: Callable[..., torch.Tensor], initialized: bool, zeroed:
         if zeroed:
             bufs = current_call()
             if bufs is not None and bufs.fill == "plain":
-                t.zero_()
+                _zero_cpu(t)
         return t
     alloc.__name__ = fn.__name__
     return alloc
@@ -71,10 +71,16 @@ def _proxy_tree(paths: frozenset[str], resolve: Callable[[str], Any]) -> types.S
     return root
 
 
+def _zero_cpu(t: torch.Tensor) -> torch.Tensor:
+    """T zeroed when it is CPU memory. On a GPU, host code that reads an allocation's values pays a device sync
+    on every call, which the speed gate charges for, and a fill would cost a kernel launch per allocation."""
+    return t.zero_() if t.device.type == "cpu" else t
+
+
 def _zeroing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """FN whose memory is zero: what the allocator hands back holds no earlier call's values."""
+    """FN whose CPU memory is zero: what the allocator hands back holds no earlier call's values."""
     def alloc(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return fn(*args, **kwargs).zero_()
+        return _zero_cpu(fn(*args, **kwargs))
     alloc.__name__ = fn.__name__
     return alloc
 
@@ -85,7 +91,7 @@ def build_namespace(lib: Any, *, proof: bool = False, poison: bool = False, zero
     With PROOF (POISON is its former name), the allocation functions give the buffers of a proof call:
     fenced by guard regions and filled like stale memory, per call (trial_buffers.py). Without it they are
     the torch functions, as in production. ZEROED (host code that is not the package's own): torch.empty and
-    its kind give zeroed memory, in production and as a proof's "plain" fill, so host code cannot keep state
+    its kind give zeroed CPU memory, in production and as a proof's "plain" fill, so host code cannot keep state
     from call to call in the blocks the allocator hands back (a red-team pass kept a call counter there); the
     package's own host code gets them plain: no fill, no cost."""
     proof = proof or poison
