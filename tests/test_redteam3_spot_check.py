@@ -139,3 +139,22 @@ def test_a_call_with_an_object_eager_may_change_is_not_replayed(monkeypatch: pyt
         pass
     assert not spot_check.due(op, spot_check.clock(), (x, Cache()), {})
     assert spot_check.due(op, spot_check.clock(), (x, [x, 3]), {"mask": None})
+
+
+def test_a_caught_kernel_is_off_in_later_processes(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("METAL_ACCEL_USER_CACHE", str(tmp_path))
+    monkeypatch.setenv(spot_check.ENV, "1000000")
+    m, host, x = _installed(safe=0)
+    name = next(iter(dispatcher_of(m).table.values())).name
+    with torch.inference_mode():
+        m(x)
+    assert spot_check.revoked(name)  # remembered in the user cache
+    # a later process: same kernel, exact on its first calls, would go wrong only later
+    monkeypatch.setattr(spot_check, "_schedule", spot_check._Schedule())
+    m2, host2, _ = _installed(safe=10 ** 9)
+    name2 = next(iter(dispatcher_of(m2).table.values())).name
+    spot_check.revoke(name2)
+    with torch.inference_mode():
+        m2(x)
+    assert dispatcher_of(m2).failures and "earlier process" in next(iter(dispatcher_of(m2).failures.values()))
+    assert not spot_check.revoked("../escape") and not (tmp_path.parent / "escape").exists()

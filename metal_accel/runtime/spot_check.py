@@ -12,12 +12,17 @@ both times measured here, so checks cost at most about BUDGET of the time the ke
 gone wrong serves about 1/probability wrong calls before it is caught (a cheap check: `every`; one that needs
 the float64 fallback, on an ill-conditioned module, costs more and runs less often).
 
+A kernel caught here is remembered in the user cache (`revoked/<op name>`, an empty file): in a later process
+its first call raises at once (eager's answer, the kernel off) instead of serving wrong calls until a check lands.
+The list only ever switches kernels off; `metal-accel cache clear` or deleting the file gives one back.
+
 METAL_ACCEL_SPOT_CHECK_EVERY=N sets `every` (0: no production checks); anything else keeps DEFAULT_EVERY.
 """
 from __future__ import annotations
 
 import os
 import random
+import re
 import secrets
 import threading
 import time
@@ -42,7 +47,7 @@ _SMOOTH = 0.05      # weight of a new time in the running means
 
 clock = time.perf_counter
 
-__all__ = ["ENV", "Mismatch", "check", "clock", "due", "every", "reference64"]
+__all__ = ["ENV", "Mismatch", "check", "clock", "due", "every", "reference64", "revoke", "revoked"]
 
 
 def every() -> int:
@@ -51,9 +56,36 @@ def every() -> int:
     return int(text) if text.isdigit() and len(text) < 10 else DEFAULT_EVERY
 
 
+REVOKED_DIR = "revoked"
+_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
+
+
+def _revoked_path(name: str) -> str | None:
+    return os.path.join(config.current().user_cache, REVOKED_DIR, name) if _NAME.fullmatch(name) else None
+
+
+def revoked(name: str) -> bool:
+    """Whether a production check of this user's caught kernel NAME (an op name) before."""
+    path = _revoked_path(name)
+    return path is not None and os.path.lexists(path)
+
+
+def revoke(name: str) -> None:
+    """Remember that kernel NAME was caught (best effort: a cache that cannot be written only loses the memory)."""
+    path = _revoked_path(name)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
+    except OSError:
+        pass
+
+
 @dataclass
 class _Kernel:
     calls: int = 0
+    revoked: bool = False
     call_s: float = 0.0    # running mean of the kernel's time per call
     check_s: float = 0.0   # running mean of a check's time (eager, comparison)
 
@@ -70,11 +102,18 @@ class _Schedule:
         with self._lock:
             k = self._kernels.setdefault(name, _Kernel())
             k.calls += 1
+            if k.calls == 1:
+                k.revoked = revoked(name)
             k.call_s = call_s if k.calls == 1 else k.call_s + _SMOOTH * (call_s - k.call_s)
-            if k.calls <= FIRST_CHECKED:
+            if k.calls <= FIRST_CHECKED or k.revoked:
                 return True
             p = 1.0 / rate if k.check_s <= 0 else min(1.0 / rate, BUDGET * k.call_s / k.check_s)
             return self._rng.random() < p
+
+    def is_revoked(self, name: str) -> bool:
+        with self._lock:
+            k = self._kernels.get(name)
+            return k is not None and k.revoked
 
     def checked(self, name: str, check_s: float) -> None:
         with self._lock:
@@ -103,9 +142,15 @@ def due(op: Any, started: float, args: tuple, kwargs: dict) -> bool:
 def check(name: str, out: Any, eager: Callable[[], Any], reference64: Callable[[], tuple | None]) -> None:
     """Raise Mismatch unless kernel NAME's OUT matches EAGER()'s by the proof's rule (the float64 reference,
     REFERENCE64's outputs, asked only where the plain comparison fails)."""
+    if _schedule.is_revoked(name):
+        raise Mismatch(f"kernel {name} gave a wrong answer in an earlier process's production check (remembered in "
+                       f"the user cache, {REVOKED_DIR}/{name})")
     started = clock()
     try:
         _compare(name, out, eager(), reference64)
+    except Mismatch:
+        revoke(name)
+        raise
     finally:
         _schedule.checked(name, clock() - started)
 

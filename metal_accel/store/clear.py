@@ -19,6 +19,7 @@ class Cleared:
     model_verdicts: int = 0  # end-to-end verdicts of whole models (model_verdicts.py)
     synthesis: int = 0       # LLM answers, prompts and run journals kept by synthesis (synth/memo.py)
     library_matches: int = 0  # classes found here to compute a kernel-library family (library/known.py)
+    revoked: int = 0         # kernels a production spot check caught (runtime/spot_check.py)
     other: int = 0           # index, locks, temporary files
     left: list[str] = field(default_factory=list)
 
@@ -27,6 +28,7 @@ class Cleared:
                  f"{self.bundles} unpacked bundles",
                  f"{self.recordings} recordings", f"{self.model_verdicts} model-level verdicts",
                  f"{self.synthesis} stored LLM answers, prompts and run journals",
+                 f"{self.revoked} kernels switched off by a production check",
                  f"{self.library_matches} kernel-library class matches", f"{self.other} index, lock and temporary files"]
         out = "removed " + ", ".join(parts)
         if self.left:
@@ -36,7 +38,7 @@ class Cleared:
 
 # Top-level names a user cache owns besides its backend directories (build: compiled kernels).
 OWNED_DIRS = {"build": "artifacts", "bundles": "bundles", "recorded": "recordings", "models": "model_verdicts",
-              "synth": "synthesis", "library": "library_matches"}
+              "synth": "synthesis", "library": "library_matches", "revoked": "revoked"}
 
 
 def _files_in(path: Path) -> int:
