@@ -43,6 +43,9 @@ MODELS = ("openai:gpt-5", "anthropic:claude-sonnet-4-5")
 FAILURE_MIX = {"compile error": 0.30, "wrong result": 0.30, "no code block": 0.05}
 REPAIRED = 0.5  # each repair round halves the failure rates: the verdict fed back helps the model
 USAGE = (7000, 6000)  # tokens in (prompt, problem, profile) and out (reasoning and code) of one answer
+# an answer without a kernel (a decline, prose only) is one output token shorter: its attempt record says which
+# answers held no kernel, so those read as malformed are told from kernels lost to parsing, cancelled requests too
+NO_KERNEL_USAGE = (USAGE[0], USAGE[1] - 1)
 # The level-1 problems with a CPU kernel, those whose kernel fuses several of eager's passes first (they win
 # clearly on 2 busy cores; a single elementwise op is at par with eager's own vectorized loop)
 ORDER = (88, 94, 96, 98, 99, 25, 29, 30, 27, 31, 21, 22, 23, 24, 45)
@@ -154,7 +157,7 @@ class Script:
         if path is None:
             with self._lock:
                 self.drawn["declined"] = self.drawn.get("declined", 0) + 1
-            return Reply("I cannot write a kernel for this module.", delay=delay, usage=USAGE)
+            return Reply("I cannot write a kernel for this module.", delay=delay, usage=NO_KERNEL_USAGE)
         code = path.read_text()
         roll, edge = rng.random(), 0.0
         outcome = "correct"
@@ -167,7 +170,7 @@ class Script:
             self.drawn[outcome] = self.drawn.get(outcome, 0) + 1
         if outcome == "no code block":
             return Reply("I would fuse the loop and vectorize it; the details depend on the shapes.", delay=delay,
-                         usage=USAGE)
+                         usage=NO_KERNEL_USAGE)
         if outcome == "compile error":
             code = code.replace('SOURCE = r"""', 'SOURCE = r"""\nthis is not C++;', 1)
         elif outcome == "wrong result":
@@ -215,7 +218,11 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
     """The figures of one run."""
     attempts = [a for r in rows for rec in r.get("synthesis", []) for a in rec.get("attempts", [])]
     accepted = sum(1 for r in rows if any(m.get("status") == "kernel" for m in r.get("report", {}).get("modules", [])))
-    lost = sum(1 for a in attempts if str(a.get("outcome", "")).startswith(("malformed", "empty", "truncated")))
+    lost = sum(1 for a in attempts if str(a.get("outcome", "")).startswith(("malformed", "empty", "truncated"))
+               and int(a.get("tokens_out", 0)) != NO_KERNEL_USAGE[1])
+    cut = sum(1 for r in rows if r.get("finished") is False or any(
+        str(rec.get("stop_reason", "")).startswith("run ") for rec in r.get("synthesis", [])) or any(
+        "not synthesized: run " in str(m.get("reason", "")) for m in r.get("report", {}).get("modules", [])))
     cost = sum(float(a.get("cost_usd", 0.0)) for a in attempts)
     records = [rec for r in rows for rec in r.get("synthesis", [])]
     device = sum(float(rec.get("eval_s", 0.0)) + float(rec.get("prompt_s", 0.0)) for rec in records)
@@ -230,7 +237,8 @@ def tally(rows: list[dict], wall: float, script: Script) -> dict[str, Any]:
             "accepted": accepted,
             "answers": len(attempts),
             "lost_to_format": lost,
-            "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * len(rows) / wall if wall else 0.0,
+            "cut_by_cap": cut,  # problems the run's caps stopped (--max-wall): not counted per hour
+            "cost_usd": cost, "wall_s": wall, "per_hour": 3600.0 * (len(rows) - cut) / wall if wall else 0.0,
             "in_flight_mean": mean, "in_flight_peak": peak,
             "per_kernel_usd": cost / accepted if accepted else float("nan"), "conversations": len(conversations),
             "outcomes": _outcomes(attempts), "drawn": dict(script.drawn),

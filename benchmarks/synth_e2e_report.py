@@ -9,8 +9,8 @@ from synth_e2e_kb import FAILURE_MIX, LEFT_OUT, MODELS, USAGE
 
 
 def lost_to_format(f: dict[str, Any]) -> int:
-    """Answers read as malformed that held a usable kernel (drawn 'no code block' answers and declines did not)."""
-    return f["lost_to_format"] - f["drawn"].get("no code block", 0) - f["drawn"].get("declined", 0)
+    """Answers read as malformed that held a usable kernel (synth_e2e_kb.tally tells them by NO_KERNEL_USAGE)."""
+    return f["lost_to_format"]
 
 
 def extrapolated(f: dict[str, Any], answer_s: float, at_once: int) -> float:
@@ -34,7 +34,8 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
             "| $ per accepted kernel | answers lost to format errors | wall s |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for mode, f in figures.items():
-        lines.append(f"| {mode} | {f['problems']} | {f['accepted']} | {f['answers']} | {f['per_hour']:.0f} | "
+        cut = f" ({f['cut_by_cap']} cut by the cap)" if f.get("cut_by_cap") else ""
+        lines.append(f"| {mode} | {f['problems']}{cut} | {f['accepted']} | {f['answers']} | {f['per_hour']:.0f} | "
                      f"{f['in_flight_mean']:.1f} / {f['in_flight_peak']} | {f['per_kernel_usd']:.3f} | "
                      f"{lost_to_format(f)} of {f['answers']} | "
                      f"{f['wall_s']:.0f} |")
@@ -89,7 +90,7 @@ def render(figures: dict[str, dict[str, Any]], rows: list[dict], args: Any, roun
         f"- Answer latency: {args.answer_s:g} s +-50% (the minute or two a frontier reasoning model takes for a "
         f"kernel of several thousand tokens: an assumption, not a published figure), run {1 / args.time_scale:g}x "
         f"faster ({args.answer_s * args.time_scale:g} s) so the run takes minutes: problems per hour are those of "
-        "the compressed run.",
+        "the compressed run, counting the problems that ran their course (not those the run's cap cut short).",
         f"- Failure mix of a first answer: {mix}, the rest correct; each repair round halves the failure rates. "
         "Calibrated to KernelBench's headline (Ouyang et al. 2025, arXiv:2502.10517: frontier reasoning models "
         "match PyTorch in under 20% of problems out of the box, more with execution feedback); the split is this "

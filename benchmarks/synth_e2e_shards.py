@@ -21,7 +21,7 @@ from synth_e2e_kb import AT_ONCE, CONCURRENCY, LEFT_OUT, ROUNDS, Served, in_flig
 from synth_e2e_report import command_of, render
 
 HERE = Path(__file__).resolve().parent
-SUMMED = ("problems", "answered", "accepted", "answers", "lost_to_format", "cost_usd", "conversations")
+SUMMED = ("problems", "answered", "accepted", "answers", "lost_to_format", "cost_usd", "conversations", "cut_by_cap")
 
 
 def shard_command(args: Any, k: int, figures: Path) -> list[str]:
@@ -40,8 +40,9 @@ def shard_command(args: Any, k: int, figures: Path) -> list[str]:
 def merged_figures(parts: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """One row of figures from the shards' rows, at the host's wall time WALL."""
     figures = [p["figures"] for p in parts]
-    out: dict[str, Any] = {k: sum(f[k] for f in figures) for k in SUMMED}
+    out: dict[str, Any] = {k: sum(f.get(k, 0) for f in figures) for k in SUMMED}
     out["unasked"] = [name for f in figures for name in f.get("unasked", [])]
+    out["why_unasked"] = {k: v for f in figures for k, v in f.get("why_unasked", {}).items()}
     for key in ("outcomes", "drawn"):
         out[key] = {}
         for f in figures:
@@ -49,7 +50,8 @@ def merged_figures(parts: list[dict[str, Any]], wall: float) -> dict[str, Any]:
                 out[key][word] = out[key].get(word, 0) + n
     mean, peak = in_flight([Served(a, b) for p in parts for a, b in p["served"]])
     problems = out["problems"]
-    out.update(wall_s=wall, per_hour=3600.0 * problems / wall if wall else 0.0, in_flight_mean=mean,
+    out.update(wall_s=wall, per_hour=3600.0 * (problems - out["cut_by_cap"]) / wall if wall else 0.0,
+               in_flight_mean=mean,
                in_flight_peak=peak, max_depth=max(f["max_depth"] for f in figures),
                per_kernel_usd=out["cost_usd"] / out["accepted"] if out["accepted"] else float("nan"),
                device_s_per_problem=(sum(f["device_s_per_problem"] * f["problems"] for f in figures) / problems

@@ -45,12 +45,14 @@ def test_the_farm_report_says_which_cap_cut_problems_short(capsys):
     from metal_accel.synth.farm import FarmResult
     result = FarmResult({"cpu:sim-a": 2}, spent=[{"requests": 3}, {"requests": 2}])
     stopped = {"stop_reason": "run token budget reached (3000 spent, 0 reserved, the next request may take 9000)"}
-    result.results = [{"problem": "a", "synthesis": [{"stop_reason": ""}]},
-                      {"problem": "b", "synthesis": [stopped, stopped]},
-                      {"problem": "c", "synthesis": [stopped]}]
+    result.results = [{"problem": "a", "synthesis": [{"stop_reason": ""}], "finished": True, "stopped": ""},
+                      {"problem": "b", "synthesis": [stopped, stopped], "finished": False, "stopped": ""},
+                      {"problem": "c", "synthesis": [], "finished": False,  # never asked: the cap was reached
+                       "stopped": "run time budget reached (330 s of 330 s)"},
+                      {"problem": "d", "error": "loading failed"}]
     cli_farm._report(result, sys.stdout)
     err = capsys.readouterr().err
-    assert "stopped early (run token budget reached): 2 problem(s) cut short" in err, err
+    assert "stopped early (run time budget reached; run token budget reached): 2 problem(s) not finished" in err, err
     assert "each of the 2 workers has its share" in err
     result.results = result.results[:1]
     cli_farm._report(result, sys.stdout)

@@ -221,5 +221,5 @@ def test_cli_says_when_the_runs_cap_cut_problems_short(llm, tmp_path, monkeypatc
                  "--no-profile", "--backend", "cpu", "--problems", "1", "--max-cost", "0.1"])
     err = capsys.readouterr().err
     assert code == 0
-    assert "stopped early (run cost budget reached): 2 problem(s) cut short" in err, err
+    assert "stopped early (run cost budget reached): 2 problem(s) not finished" in err, err
     assert "--max-cost" in err

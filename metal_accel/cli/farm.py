@@ -116,9 +116,9 @@ def _report(result: FarmResult, out: Any) -> None:
     else:
         print("metal-accel synth: nothing was proven; no bundle written", file=out)
     print(f"metal-accel synth: farm: {result.summary()}", file=out)
-    per_problem = [run_stops(str(rec.get("stop_reason", "")) for rec in r.get("synthesis", []))
-                   for r in result.results]
-    stops = set().union(*per_problem)
-    if stops:  # a worker's caps are its share of the run's (synth/farm.share)
-        print(f"metal-accel synth: {stopped_early(stops, sum(1 for s in per_problem if s))}; on the farm each of the "
+    stops = run_stops([str(r.get("stopped", "")) for r in result.results] + [
+        str(rec.get("stop_reason", "")) for r in result.results for rec in r.get("synthesis", [])])
+    unfinished = sum(1 for r in result.results if r.get("finished") is False)
+    if stops and unfinished:  # a worker's caps are its share of the run's (synth/farm.share)
+        print(f"metal-accel synth: {stopped_early(stops, unfinished)}; on the farm each of the "
               f"{len(result.spent)} workers has its share of the run's token and cost caps", file=sys.stderr)

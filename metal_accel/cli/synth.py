@@ -152,17 +152,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 print()
             if _finished(loop, records):  # else a rerun of this command picks it up again
                 journal.add(pr.name, kernels=len(report.kernels))
-            stopped = run_stops(r.stop_reason for r in records)
-            if stopped:
-                stops.update(stopped)
-                cut_short.append(pr.name)
+            else:
+                unfinished.append(pr.name)
+            stops.update(run_stops([loop.run_meter.exceeded()] + [r.stop_reason for r in records]))
 
-    cut_short: list[str] = []
+    unfinished: list[str] = []
     stops: set[str] = set()
     run_concurrently(todo, solve, loop.settings.problems, loop)
     print(f"metal-accel synth: {kernels} kernels for {len(problems)} problems; {loop.run_meter.summary()}", file=out)
-    if stops:
-        print(f"metal-accel synth: {stopped_early(stops, len(cut_short))}", file=sys.stderr)
+    if stops and unfinished:
+        print(f"metal-accel synth: {stopped_early(stops, len(unfinished))}", file=sys.stderr)
     return _exit_code(loop)
 
 

@@ -201,7 +201,7 @@ def run_stops(stop_reasons: Iterable[str]) -> set[str]:
 
 def stopped_early(stops: set[str], unfinished: int) -> str:
     """What to tell a user whose run's caps (STOPS: run_stops) cut synthesis short."""
-    return (f"stopped early ({'; '.join(sorted(stops))}): {unfinished} problem(s) cut short; raise --max-tokens, "
+    return (f"stopped early ({'; '.join(sorted(stops))}): {unfinished} problem(s) not finished; raise --max-tokens, "
             "--max-cost or --max-wall and run the same command again to resume them")
 
 

@@ -129,7 +129,8 @@ class FarmWorker:
         out.update(device=report.device, wall_s=time.monotonic() - t0, report=report.to_dict(),
                    table=report.table(), kernels=len(report.kernels),
                    synthesis=[r.to_dict() for r in records], summaries=[r.summary() for r in records],
-                   finished=not self.loop.interrupted and not self.loop.run_meter.exceeded())
+                   finished=not self.loop.interrupted and not self.loop.run_meter.exceeded(),
+                   stopped=self.loop.run_meter.exceeded())
         return out
 
     @ray.method(concurrency_group=CONTROL)
