@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import ast
 import math
 import re
 from typing import Any
@@ -260,6 +261,35 @@ def _value_text(ctype: str, value: Any) -> str:
     raise CompileError(f"function constant of type {ctype}: value {value!r} must be a bool, int or float")
 
 
+def _constant_index(text: str, line: int) -> int:
+    """The index of `[[function_constant(i)]]`: an integer constant expression after preprocessing, as ggml writes
+    `[[function_constant(FC_MUL_MV + 0)]]` (`600 + 0`). Only integer literals, + - * / % << and parentheses."""
+    def ev(n: ast.AST) -> int:
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return n.value
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.USub, ast.UAdd)):
+            return -ev(n.operand) if isinstance(n.op, ast.USub) else ev(n.operand)
+        if isinstance(n, ast.BinOp):
+            a, b = ev(n.left), ev(n.right)
+            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                   ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b, ast.LShift: lambda: a << b}
+            if type(n.op) in ops and not (isinstance(n.op, (ast.FloorDiv, ast.Mod)) and b <= 0) and \
+                    not (isinstance(n.op, ast.LShift) and not 0 <= b < 32):
+                return ops[type(n.op)]()
+        raise ValueError
+    expr = re.sub(r"\b(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\b", lambda m: str(int(m.group(1), 0)), text.strip())
+    try:
+        index = ev(ast.parse(expr.replace("/", "//"), mode="eval"))
+    except (ValueError, SyntaxError, RecursionError):
+        index = -1
+    if not 0 <= index < 65536:
+        raise CompileError(f"line {line}: [[function_constant({text.strip()})]]: the index must be an integer constant "
+                           "expression in 0..65535 (literals, + - * / % << and parentheses)")
+    return index
+
+
 def apply_function_constants(tk: Tokens, values: dict[Any, Any]) -> None:
     """`constant T name [[function_constant(i)]];` -> `static constexpr T name = value;` with the value from
     VALUES (keyed by name or index); is_function_constant_defined(name) -> true/false."""
@@ -274,7 +304,7 @@ def apply_function_constants(tk: Tokens, values: dict[Any, Any]) -> None:
         if tk.parent[p] == "(":
             raise CompileError(f"line {tk.line(p)}: [[function_constant]] on a kernel parameter (an optional buffer) "
                                "is not supported by the MSL emulator")
-        m = re.fullmatch(r"\s*(\d+)\s*", items["function_constant"])
+        index = _constant_index(items["function_constant"], tk.line(p))
         start = p
         while start > 0 and tk.t(start - 1) not in (";", "}", "{"):
             start -= 1
@@ -286,7 +316,6 @@ def apply_function_constants(tk: Tokens, values: dict[Any, Any]) -> None:
             raise CompileError(f"line {tk.line(p)}: cannot parse the function constant declaration "
                                f"{' '.join(tk.t(q) for q in range(start, end + 1))!r} (expected "
                                "`constant T name [[function_constant(index)]];`)")
-        index = int(m.group(1)) if m else None
         key = name if name in values else (index if index in values else None)
         defined = key is not None
         declared[name] = defined
