@@ -234,7 +234,10 @@ MA_NOSAN_INLINE inline void apply(Group* g, const Where& w, uintptr_t a, size_t 
     std::atomic<uint8_t>* lk = nullptr;
     if (w.region >= 0) {
       lk = &s->lock[(i * 131 + size_t(w.region)) & 4095];
-      while (lk->exchange(1, std::memory_order_acquire)) {}
+      // a thread that found a race stops (abort_thread) holding its entry's lock: once the launch has failed,
+      // a thread waiting for a lock stops too, instead of spinning forever (a hang of the launch)
+      while (lk->exchange(1, std::memory_order_acquire))
+        if (tl_launch->failed.load(std::memory_order_relaxed)) abort_thread();
     } else if (e.serial != g->serial) {
       std::memset(&e, 0, sizeof e);
       e.serial = g->serial;
@@ -303,6 +306,30 @@ MA_NOSAN_INLINE inline void commit_pending(Group* g, int me) {
   abort_thread();
 }
 
+// An access the compiler made as aligned (its type's alignment is at least its size: float4, half4, int, ...) to an
+// address that is not: the pointer broke its type's alignment (C++ [basic.align]; MSL spec 2.2, vector sizes and
+// alignments: float4 is 16-byte aligned), e.g. a `device float4*` cast from a float row whose length is not a
+// multiple of 4. Undefined in Metal, and a fault on the CPU (an aligned SSE load): an error naming the line.
+[[noreturn]] MA_NOSAN inline void misaligned(uintptr_t a, size_t size, bool store, uint64_t pc) {
+  char who[160]; describe_thread(who, sizeof who);
+  char where[200] = "";
+  const Config* c = tl_launch->cfg;
+  for (uint32_t i = 0; c && i < c->nregions; ++i) {
+    const Region& r = c->regions[i];
+    if (a - r.base < r.size)
+      std::snprintf(where, sizeof where, " (byte %llu of {arg:%d})", (unsigned long long)(a - r.base), r.index);
+  }
+  for (int k = 0; k < tl_tg.n; ++k) {
+    uintptr_t lo = reinterpret_cast<uintptr_t>(tl_tg.p[k]);
+    if (a - lo < tl_tg.bytes[k])
+      std::snprintf(where, sizeof where, " (byte %llu of threadgroup variable '%s')", (unsigned long long)(a - lo), tl_tg.name[k]);
+  }
+  fail("misaligned %s of %zu bytes at {pc:%llx}: the address%s is not a multiple of %zu, the alignment of the accessed "
+       "type (a vector pointer such as device float4* cast from an address its type's alignment does not divide; "
+       "undefined in Metal) (%s)", store ? "write" : "read", size, (unsigned long long)pc, where, size, who);
+  abort_thread();
+}
+
 __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t a, size_t size, bool store, const void* ret) {
   Group* g = tl_group;
   if (!g || !g->running) return;
@@ -361,7 +388,11 @@ __attribute__((no_sanitize_thread, always_inline)) inline void access(uintptr_t 
 
 #define MA_HOOK_ATTR extern "C" __attribute__((visibility("hidden"), used, noinline, no_sanitize_thread))
 #define MA_HOOK(kind, n, store)                                                                        \
-  MA_HOOK_ATTR void __tsan_##kind##n(void* a) { ma_rt::access(uintptr_t(a), n, store, __builtin_return_address(0)); } \
+  MA_HOOK_ATTR void __tsan_##kind##n(void* a) {                                                       \
+    if (__builtin_expect(uintptr_t(a) & (n - 1), 0) && ma_rt::tl_group && ma_rt::tl_group->running &&     \
+        uintptr_t(a) - ma_rt::tl_group->stack_lo >= ma_rt::tl_group->stack_hi - ma_rt::tl_group->stack_lo) \
+      ma_rt::misaligned(uintptr_t(a), n, store, ma_rt::site_of(__builtin_return_address(0)));                \
+    ma_rt::access(uintptr_t(a), n, store, __builtin_return_address(0)); }                                 \
   MA_HOOK_ATTR void __tsan_unaligned_##kind##n(void* a) { ma_rt::access(uintptr_t(a), n, store, __builtin_return_address(0)); }
 MA_HOOK(read, 1, false) MA_HOOK(read, 2, false) MA_HOOK(read, 4, false) MA_HOOK(read, 8, false) MA_HOOK(read, 16, false)
 MA_HOOK(write, 1, true) MA_HOOK(write, 2, true) MA_HOOK(write, 4, true) MA_HOOK(write, 8, true) MA_HOOK(write, 16, true)
