@@ -10,11 +10,13 @@ rewrite pass (msl_rewrite.py), so that both passes see the source as written:
   class it is the index itself. Accesses through pointers are checked at run time by address instead.
 - the right operand B of `/`, `%`, `/=` and `%=` becomes `ma_rt::dz((B), __LINE__)`: an integer zero
   stops the thread with an error (the CPU would trap and kill the process); other types pass.
+- casts of floating values to builtin integer types are checked (msl_convert.py).
 """
 from __future__ import annotations
 
 import re
 
+from . import msl_convert
 from .msl_lexer import Tokens
 
 # words after which `name[` is an expression, not a declarator
@@ -46,7 +48,7 @@ def plan(tk: Tokens) -> list[Edit]:
             e = _divisor_edit(tk, p)
             if e:
                 edits += e
-    return edits
+    return edits + msl_convert.edits(tk)
 
 
 def apply(tk: Tokens, edits: list[Edit]) -> None:

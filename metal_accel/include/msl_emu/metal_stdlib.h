@@ -14,6 +14,7 @@
 #include "runtime.h"
 #include "sync.h"
 #include "shadow.h"
+#include "conversions.h"
 #include "simdgroup_matrix.h"
 #include "lang.h"
 

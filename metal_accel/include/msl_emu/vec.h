@@ -7,6 +7,37 @@ namespace metal {
 
 template <class T, int N> struct vec;
 template <class T, int S, int... I> struct swz;
+
+// ---------------------------------------------------------------- floating -> integer conversions
+// MSL spec 2.14: static_cast converts "with no saturation", rounding toward zero: a NaN, an infinity or a value
+// outside the integer type's range has no defined result (x86 gives INT_MIN, a GPU may saturate). The emulator
+// stops the thread instead (ma_rt::float_cast_error, conversions.h). LINE is the kernel's line, or 0.
+template <class F> constexpr bool ma_is_float_v = std::is_floating_point<F>::value || std::is_same<F, _Float16>::value ||
+                                                  std::is_same<F, bfloat>::value;
+template <class To, class F> constexpr bool ma_fits(const F& f) {
+  if constexpr (std::is_integral<To>::value && !std::is_same<To, bool>::value && ma_is_float_v<F>) {
+    const long double d = (long double)(float)f;
+    return d > (long double)std::numeric_limits<To>::min() - 1.0L && d < (long double)std::numeric_limits<To>::max() + 1.0L;
+  } else {
+    return true;
+  }
+}
+}  // namespace metal
+namespace ma_rt { [[noreturn]] void float_cast_error(double v, const char* from, const char* to, int line); }
+namespace metal {
+template <class To> constexpr const char* ma_type_name() {
+  if constexpr (std::is_same<To, bool>::value) return "bool";
+  else if constexpr (sizeof(To) == 1) return std::is_signed<To>::value ? "char" : "uchar";
+  else if constexpr (sizeof(To) == 2) return std::is_signed<To>::value ? "short" : "ushort";
+  else if constexpr (sizeof(To) == 4) return std::is_signed<To>::value ? "int" : "uint";
+  else return std::is_signed<To>::value ? "long" : "ulong";
+}
+template <class To, class F> constexpr To ma_convert(const F& f, int line) {
+  if (!ma_fits<To>(f))
+    ma_rt::float_cast_error(double((float)f), std::is_same<F, float>::value ? "float" : (std::is_same<F, bfloat>::value ? "bfloat" : "half"),
+                            ma_type_name<To>(), line);
+  return To(f);
+}
 template <class T, int N> struct packed_vec;
 
 // ---------------------------------------------------------------- traits: scalars n=0
@@ -71,9 +102,9 @@ template <class T, int S, int... I> struct swz {
   vec(const vec&) = default;                                                                      \
   constexpr vec& operator=(const vec& o) { for (int i = 0; i < N; ++i) d[i] = o.d[i]; return *this; } \
   template <class S_, std::enable_if_t<is_scalar_v<S_>, int> = 0>                                 \
-  constexpr vec(S_ s) : d{} { for (int i = 0; i < N; ++i) d[i] = T(s); }                         \
+  constexpr vec(S_ s) : d{} { for (int i = 0; i < N; ++i) d[i] = ma_convert<T>(s, 0); }            \
   template <class U, std::enable_if_t<!std::is_same<U, T>::value, int> = 0>                       \
-  constexpr explicit vec(const vec<U, N>& o) : d{} { for (int i = 0; i < N; ++i) d[i] = T(o.d[i]); } \
+  constexpr explicit vec(const vec<U, N>& o) : d{} { for (int i = 0; i < N; ++i) d[i] = ma_convert<T>(o.d[i], 0); } \
   constexpr vec(const packed_vec<T, N>& o) : d{} { for (int i = 0; i < N; ++i) d[i] = o.d[i]; }   \
   template <class A0, class A1, class... As,                                                      \
             std::enable_if_t<(ncomp_v<A0> + ncomp_v<A1> + (0 + ... + ncomp_v<As>)) == N, int> = 0> \
@@ -88,8 +119,8 @@ template <class T, int S, int... I> struct swz {
     int k = 0; put(k, a0); put(k, a1); (put(k, as), ...); while (k < N) d[k++] = T(0);            \
   }                                                                                               \
   template <class X> constexpr void put(int& k, const X& x) {                                     \
-    if constexpr (is_vec_v<X>) { for (int i = 0; i < vlen_v<X>; ++i) d[k++] = T(x[i]); }         \
-    else d[k++] = T(x);                                                                           \
+    if constexpr (is_vec_v<X>) { for (int i = 0; i < vlen_v<X>; ++i) d[k++] = ma_convert<T>(x[i], 0); } \
+    else d[k++] = ma_convert<T>(x, 0);                                                            \
   }                                                                                               \
   constexpr T& operator[](int i) { return d[i]; }                                                 \
   constexpr const T& operator[](int i) const { return d[i]; }                                     \
