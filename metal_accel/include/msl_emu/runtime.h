@@ -166,6 +166,7 @@ struct Fiber {
   int lsite[kMaxDepth + 1], lnsite;  // the previous wait's position and kind (loop iterations)
   uint64_t lpc;
   int lstate;
+  int bline;  // WAIT_BARRIER: the line of the threadgroup_barrier call
   uint16_t iter[kMaxLoops];  // iterations of each loop of the source, counted at backward jumps
   SimdOp op;
   Pending pend;
@@ -358,7 +359,35 @@ MA_NOSAN inline bool release_waits(Group* g) {
     released = true;
   }
   if (released) return true;
-  for (int i = 0; i < g->n; ++i)  // threadgroup barrier: threads that have returned count as arrived
+  // Barrier divergence: every thread of a threadgroup must reach each threadgroup_barrier (MSL spec, section
+  // threadgroup and SIMD-group synchronization functions: "must be encountered by all threads in a threadgroup";
+  // inside a conditional, if any thread executes it, all threads must). A thread that returned (an early
+  // `return` for out-of-range threads) or left the branch while others wait has undefined behaviour on the GPU
+  // (a hang, or a barrier that orders nothing), so it is an error rather than the CPU's convenient answer.
+  int waiting = -1, gone = -1;
+  for (int i = 0; i < g->n; ++i) {
+    if (g->fib[i].state == WAIT_BARRIER && waiting < 0) waiting = i;
+    if (g->fib[i].state == DONE && gone < 0) gone = i;
+  }
+  if (waiting >= 0 && gone >= 0) {
+    fail("barrier divergence: thread %d (SIMD-group %d) waits at the threadgroup_barrier at line %d, which thread %d "
+         "(SIMD-group %d) of the same threadgroup finished without reaching; every thread of a threadgroup must reach "
+         "each threadgroup_barrier (MSL spec, threadgroup synchronization functions), so an early `return` (e.g. for threads past the end of the data) "
+         "before a barrier, or a barrier inside a branch not all threads take, is undefined on the GPU: guard the "
+         "memory accesses instead, or return after the last barrier",
+         waiting, waiting / kSimdWidth, g->fib[waiting].bline, gone, gone / kSimdWidth);
+    return false;
+  }
+  for (int i = 0; waiting >= 0 && i < g->n; ++i)
+    if (g->fib[i].state == WAIT_BARRIER && g->fib[i].bline != g->fib[waiting].bline) {
+      fail("barrier divergence: thread %d (SIMD-group %d) waits at the threadgroup_barrier at line %d while thread %d "
+           "(SIMD-group %d) of the same threadgroup waits at the one at line %d; every thread of a threadgroup must reach "
+           "the same threadgroup_barrier (MSL spec, threadgroup synchronization functions: a barrier in a branch must "
+           "be executed by all threads or none)", waiting, waiting / kSimdWidth, g->fib[waiting].bline, i,
+           i / kSimdWidth, g->fib[i].bline);
+      return false;
+    }
+  for (int i = 0; i < g->n; ++i)  // threadgroup barrier: released when every thread of the group waits at one
     if (g->fib[i].state == WAIT_BARRIER) { g->fib[i].state = RUNNABLE; released = true; }
   if (released) ++g->epoch;
   return released;

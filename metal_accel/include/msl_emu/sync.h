@@ -17,9 +17,10 @@ enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2,
 constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 constexpr mem_flags operator&(mem_flags a, mem_flags b) { return mem_flags(uint(a) & uint(b)); }
 
-MA_NOSAN_INLINE inline void threadgroup_barrier(mem_flags = mem_flags::mem_none) {
+MA_NOSAN_INLINE inline void threadgroup_barrier(mem_flags = mem_flags::mem_none, int line_ = __builtin_LINE()) {
   ma_rt::Group* g = ma_rt::tl_group;
   if (!g) { ma_rt::fail("internal error: threadgroup_barrier reached in a kernel run without fibers"); return; }
+  g->fib[g->cur].bline = line_;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   g->block(g->cur, ma_rt::WAIT_BARRIER);
 }
