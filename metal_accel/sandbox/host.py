@@ -74,7 +74,10 @@ def _proxy_tree(paths: frozenset[str], resolve: Callable[[str], Any]) -> types.S
 def _zero_cpu(t: torch.Tensor) -> torch.Tensor:
     """T zeroed when it is CPU memory. On a GPU, host code that reads an allocation's values pays a device sync
     on every call, which the speed gate charges for, and a fill would cost a kernel launch per allocation."""
-    return t.zero_() if t.device.type == "cpu" else t
+    if t.device.type == "cpu":
+        with torch.no_grad():  # a leaf made with requires_grad=True may be filled too
+            t.zero_()
+    return t
 
 
 def _zeroing(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
