@@ -232,32 +232,37 @@ def _check_attributes(text: str) -> None:
         pos = end.end()
 
 
+_EXTERN_SCAN = re.compile(r'\bextern\s*""\s*(\{)?|[(){};]')
+
+
 def _check_extern_declarations(text: str) -> None:
-    """extern "C" may only introduce kernel definitions, never declare functions defined elsewhere (libc)."""
-    for m in re.finditer(r'\bextern\s*""\s*(\{)?', text):
-        i, depth, paren = m.end(), 1 if m.group(1) else 0, 0
-        while i < len(text):
-            ch = text[i]
-            if ch == "(":
-                paren += 1
-            elif ch == ")":
-                paren -= 1
-            elif ch == "{" and paren == 0:
-                if not m.group(1):
-                    break  # the one function's body: a definition
-                # a definition inside the block: skip its body
-                j, d = i + 1, 1
-                while j < len(text) and d:
-                    d += {"{": 1, "}": -1}.get(text[j], 0)
-                    j += 1
-                i = j
-                continue
-            elif ch == "}" and m.group(1) and paren == 0:
-                break
-            elif ch == ";" and paren == 0:
-                raise SourceCheckError(f"line {_line(text, i)}: a declaration without a body inside extern \"C\" "
-                                       "names a function defined elsewhere (libc); extern \"C\" is for kernels only")
-            i += 1
+    """extern "C" may only introduce kernel definitions, never declare functions defined elsewhere (libc).
+    One pass over the text (a scan from each extern "C" to its end once took time quadratic in the source)."""
+    paren = brace = 0
+    pending: dict[int, int] = {}            # paren depth -> `extern "C"` declarations not yet given a body there
+    blocks: list[tuple[int, int]] = []      # (brace depth inside, paren depth) of open extern "C" { } blocks
+    for m in _EXTERN_SCAN.finditer(text):
+        tok = m.group(0)
+        if tok[0] == "e":
+            if m.group(1):
+                brace += 1
+                blocks.append((brace, paren))
+            else:
+                pending[paren] = pending.get(paren, 0) + 1
+        elif tok == "(":
+            paren += 1
+        elif tok == ")":
+            paren -= 1
+        elif tok == "{":
+            pending.pop(paren, None)  # a body: those were definitions
+            brace += 1
+        elif tok == "}":
+            if blocks and blocks[-1][0] == brace:
+                blocks.pop()
+            brace -= 1
+        elif pending.get(paren) or (blocks and blocks[-1] == (brace, paren)):
+            raise SourceCheckError(f"line {_line(text, m.start())}: a declaration without a body inside extern \"C\" "
+                                   "names a function defined elsewhere (libc); extern \"C\" is for kernels only")
 
 
 def _blank_allowed_ptx(source: str) -> str:
@@ -271,17 +276,25 @@ def _blank_allowed_ptx(source: str) -> str:
     return _ASM_INPUTS_ONLY.sub(repl, source)
 
 
+MAX_OPENER = 16 << 10  # characters of a namespace-scope declaration before its `{`: its regexes stay cheap
+
+
 def _check_top_level_state(text: str) -> None:
     """Namespace-scope variables must be constants (MSL program scope is `constant` by rule), initialized
     without calling anything (a call is a dynamic initializer: code that runs at load). Namespaces and
     extern "C" blocks are namespace scope too."""
     text = re.sub(r"^[ \t]*#[^\n]*", "", text, flags=re.M)  # directives, keeping line numbers
     stack: list[str] = []  # per open brace: "ns" (namespace, extern "C"), "init" (an initializer), "body"
+    inside = 0  # braces on the stack that are not "ns" (counted, not searched: a deep nest once took quadratic time)
     start = 0
-    for i, ch in enumerate(text):
-        at_ns = all(k == "ns" for k in stack)
+    for m in re.finditer(r"[{};]", text):
+        i, ch = m.start(), m.group(0)
+        at_ns = not inside
         if ch == "{":
-            opener = " ".join(text[start:i].split())
+            opener = " ".join(text[start:i].split()) if at_ns else ""
+            if len(opener) > MAX_OPENER:
+                raise SourceCheckError(f"line {_line(text, i)}: a declaration of {len(opener)} characters before "
+                                       f"`{{`; at most {MAX_OPENER}")
             if not at_ns:
                 kind = "body"
             elif re.fullmatch(r'(?:inline\s+)?namespace(?:\s+[\w:]+)?|extern\s*""', opener):
@@ -292,11 +305,13 @@ def _check_top_level_state(text: str) -> None:
             else:
                 kind = "init"
             stack.append(kind)
+            inside += kind != "ns"
             if kind == "ns":
                 start = i + 1
         elif ch == "}":
-            kind = stack.pop() if stack else "body"
-            if kind != "init" and all(k == "ns" for k in stack):
+            kind = stack.pop() if stack else "ns"  # a stray `}`: nothing was open
+            inside -= kind != "ns"
+            if kind != "init" and not inside:
                 start = i + 1
         elif ch == ";" and at_ns:
             decl = " ".join(text[start:i].split())
