@@ -276,9 +276,6 @@ def _blank_allowed_ptx(source: str) -> str:
     return _ASM_INPUTS_ONLY.sub(repl, source)
 
 
-MAX_OPENER = 16 << 10  # characters of a namespace-scope declaration before its `{`: its regexes stay cheap
-
-
 def _check_top_level_state(text: str) -> None:
     """Namespace-scope variables must be constants (MSL program scope is `constant` by rule), initialized
     without calling anything (a call is a dynamic initializer: code that runs at load). Namespaces and
@@ -292,9 +289,6 @@ def _check_top_level_state(text: str) -> None:
         at_ns = not inside
         if ch == "{":
             opener = " ".join(text[start:i].split()) if at_ns else ""
-            if len(opener) > MAX_OPENER:
-                raise SourceCheckError(f"line {_line(text, i)}: a declaration of {len(opener)} characters before "
-                                       f"`{{`; at most {MAX_OPENER}")
             if not at_ns:
                 kind = "body"
             elif re.fullmatch(r'(?:inline\s+)?namespace(?:\s+[\w:]+)?|extern\s*""', opener):
