@@ -155,6 +155,12 @@ def _launch(kernel, x, out_dtype=torch.int32, **kw):
     return run
 
 
+def _cast_float(lib):
+    x, o = torch.tensor([-3e10, float("nan"), 2.5]), torch.zeros(3)
+    lib.cvt_template_float(x, o)
+    return o, x, 0
+
+
 # ---------------------------------------------------------------- metal-flash-attention, candle, tinygrad, Apple
 def _mfa(M, N, K, at, bt, alpha):
     def run(lib):
@@ -255,7 +261,7 @@ CASES = {
     "ggml_mul_mv_f16_nsg1": ("ggml", {"FC_mul_mv_nsg": 1}, _mul_mv(torch.float16, 1), None),
     "ggml_mul_mv_f32_nsg2_by_index": ("ggml", {600: 2}, _mul_mv(torch.float32, 2), None),
     "ggml_mul_mv_misaligned_float4_rows": ("ggml", {600: 1}, _mul_mv(torch.float32, 1, ne00=70),
-                                           r"misaligned read of 16 bytes at line 56: .*byte 280 of src1"),
+                                           r"misaligned read of 16 bytes at line 56: .*byte 280 of src[01] \(argument [12]\)"),
     "ggml_q8_0_roundtrip": ("ggml", None, _q8_roundtrip, None),
     "ggml_add_broadcast": ("ggml", None, _add_bcast, None),
     "ggml_unset_function_constant": ("ggml", None, _mul_mv(torch.float32, 1), r"FC_mul_mv_nsg"),
@@ -276,6 +282,9 @@ CASES = {
                                     r"float -2.5 to ushort"),
     "vector_conversion_inf": ("torch", None, _launch("cvt_vector", torch.tensor([[1.0, float("inf"), 0, 0]])),
                               r"float inf to int, which cannot hold it, at line 70"),
+    "static_cast_to_template_parameter": ("torch", None, _launch("cvt_template_int", torch.tensor([-3e10])),
+                                          r"float -3[0-9.]*e\+10 to int, which cannot hold it, at line 74"),
+    "static_cast_to_float_template_parameter": ("torch", None, _cast_float, None),
     "mfa_gemm": ("mfa", {"M": 16, "N": 24, "K": 16, "A_trans": False, "B_trans": False}, _mfa(16, 24, 16, False, False, None), None),
     "mfa_gemm_a_trans_alpha": ("mfa", {"M": 8, "N": 16, "K": 24, "A_trans": True, "B_trans": False, "alpha": 2.0},
                                _mfa(8, 16, 24, True, False, 2.0), None),
@@ -329,6 +338,8 @@ def test_function_constant_index_is_an_integer_expression():
     ("static_cast<uint>(v)", "static_cast<uint>(ma_rt::cvt<uint>((v), __LINE__))"),
     ("(int)v * 2", "(int)(ma_rt::Fc<int, __LINE__>)v * 2"),
     ("(unsigned int)-v", "(unsigned int)(ma_rt::Fc<unsigned int, __LINE__>)-v"),
+    ("static_cast<IdxT>(v)", "static_cast<IdxT>(ma_rt::cvt<IdxT>((v), __LINE__))"),
+    ("static_cast<float>(v)", "static_cast<float>(v)"),
     ("sizeof(int) * 2", "sizeof(int) * 2"),
     ("float(v)", "float(v)"),
 ])

@@ -3,11 +3,12 @@ and out-of-range values have no defined result; include/msl_emu/conversions.h st
 
 `edits(tk)` rewrites the casts written with a builtin integer type (scalar or vector), from the unedited tokens:
 
-- `int(E)` and `static_cast<int>(E)` -> `int(ma_rt::cvt<int>((E), __LINE__))` (one argument only)
+- `int(E)` and `static_cast<int>(E)` -> `int(ma_rt::cvt<int>((E), __LINE__))` (one argument only); also
+  `static_cast<T>(E)` with T one identifier (a template parameter or typedef: checked when it is an integer type)
 - `(int)E` -> `(int)(ma_rt::Fc<int, __LINE__>)E`: a second C-style cast, to a class that checks and converts
   back, so the cast's operand and precedence stay as written.
 
-Casts to a template parameter (`T(x)`) and implicit conversions are not rewritten (see conversions.h).
+Functional casts to a template parameter (`T(x)`) and implicit conversions are not rewritten (see conversions.h).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ _EXPR_WORDS = {"return", "case", "else", "do", "co_return", "co_yield", "throw"}
 _NOT_BEFORE_FUNCTIONAL = {"unsigned", "signed", "long", "short", "const", "constant", "device", "thread", "threadgroup",
                           "::", ".", "->", "struct", "typename", "using", "operator", "~", "template"}
 _EXPR_START_PUNCT = {"(", "-", "+", "!", "~", "*", "&", "++", "--"}
+# builtin types a static_cast to which is never a float -> integer conversion
+_NOT_INTEGER = {"float", "half", "bfloat", "bool", "void", "auto", "double", *(f"{b}{n}" for b in ("float", "half", "bfloat", "bool")
+                                                                               for n in (2, 3, 4))}
 
 Edit = tuple[int, str, str]
 
@@ -71,6 +75,8 @@ def edits(tk: Tokens) -> list[Edit]:
             while q < n and tk.t(q) != ">" and q - p < 6:
                 q += 1
             ty = _type_text(tk, p + 2, q) if q < n else None
+            if not ty and q == p + 3 and tk.kind[tk.sig[p + 2]] == "id" and tk.t(p + 2) not in _NOT_INTEGER:
+                ty = tk.t(p + 2)  # a template parameter or typedef (MLX's static_cast<IdxT>(x)): checked if integral
             if ty and q + 1 < n and tk.t(q + 1) == "(" and (q + 1) in tk.match:
                 close = tk.match[q + 1]
                 if _single_argument(tk, q + 2, close):

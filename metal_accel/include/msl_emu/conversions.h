@@ -3,12 +3,13 @@
 // rounding toward zero, so converting NaN, an infinity or a value outside the integer type's range (3e9 to
 // int, -1.0 to uint, 300.0 to char) has no defined result; x86 gives INT_MIN, an Apple GPU may saturate.
 // The emulator stops the thread with an error naming the line instead of computing either.
-// Checked: vector conversions (vec.h: int4(f4), int4 v = ..., constructors from scalars), and scalar casts
-// written with a builtin integer type, which the translator rewrites (msl_convert.py):
+// Checked: vector conversions (vec.h: int4(f4), int4 v = ..., constructors from scalars), scalar casts
+// written with a builtin integer type, and static_cast to a template parameter or typedef (static_cast<IdxT>(x)),
+// which the translator rewrites (msl_convert.py):
 //   int(E) / static_cast<int>(E)  ->  int(ma_rt::cvt<int>((E), __LINE__))
 //   (int)E                        ->  (int)(ma_rt::Fc<int, __LINE__>)E   (same precedence as the cast)
-// Not checked: implicit conversions (`int i = f;`, a float stored to an int buffer) and casts to a template
-// parameter (`T(x)`, `static_cast<T>(x)` with T an integer type).
+// Not checked: implicit conversions (`int i = f;`, a float stored to an int buffer) and functional casts to a
+// template parameter (`T(x)` with T an integer type).
 #pragma once
 #include <cstring>
 #include "shadow.h"
@@ -35,7 +36,7 @@ template <class To, class F> constexpr To cvt(const F& f, int line) {
   } else if constexpr (!metal::is_vec_v<To> && metal::ma_is_float_v<F>) {
     return metal::ma_convert<To>(f, line);
   } else {
-    return To(f);
+    return static_cast<To>(f);
   }
 }
 // target of a C-style cast: (int)(Fc<int, __LINE__>)E converts E as (int)E would, after the check
