@@ -1,6 +1,8 @@
 """torch.compile as a built-in candidate: chosen where it wins, eager where it does not, failures explained."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -100,8 +102,11 @@ def test_llm_kernel_beats_compile_when_faster(compile_on, tmp_path):
     rep = metal_accel.explain(model).modules[0]
     assert rep.status in ("kernel", "compile")
     assert rep.compile_us is not None and rep.kernel_us is not None and rep.eager_us is not None
-    best = min(rep.compile_us, rep.kernel_us)
-    assert (rep.status == "kernel") == (rep.kernel_us == best)
+    # the winner is the larger speedup over eager, each timed against eager in its own interleaved pairs (the
+    # absolute times of two gates drift apart on a busy machine); a loser that passed is listed with its own
+    assert rep.speedup is not None
+    for line in rep.outpaced:
+        assert rep.speedup >= float(re.search(r"(\d+(?:\.\d+)?)x eager", line).group(1)) - 0.005, line
 
 
 def test_compile_off_by_environment(monkeypatch):
