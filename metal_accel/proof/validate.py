@@ -411,6 +411,12 @@ def _run_batch(batch: list[Trial], run: RunTrials, judge_: Judge) -> ValidationR
     return None
 
 
+def default_rule() -> PrecisionRule:
+    """The rule for outputs checked without the proof's recorded rule at hand: float32's tolerance, or
+    torch.compile's own check where the settings ask for it."""
+    return PrecisionRule("compile") if config.current().precision == "compile" else FLOAT32_DEFAULT
+
+
 def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | None = None,
                rule: PrecisionRule | None = None) -> Any:
     """A bench.Check for outputs taken while timed: each matches eager within tolerance or, where that
@@ -418,7 +424,7 @@ def spot_check(input_sets: Sequence[tuple[tuple, dict]], reference64: Forward | 
     once per input set), so an ill-conditioned output is held to the proof's standard, no stricter. RULE:
     the proof's precision rule (ValidationResult.precision); without one, float32's tolerance, or
     torch.compile's check where the settings ask for it."""
-    rule = rule or (PrecisionRule("compile") if config.current().precision == "compile" else FLOAT32_DEFAULT)
+    rule = rule or default_rule()
     @functools.cache
     def refs64(which: int) -> tuple | None:
         args, kwargs = input_sets[which]

@@ -35,8 +35,8 @@ from torch.utils import _pytree
 
 from ..core import config
 from ..proof.compare import Mismatch
-from ..proof.precision import FLOAT32_DEFAULT, PrecisionRule
-from ..proof.validate import compare_or_float64
+from ..proof.precision import PrecisionRule
+from ..proof.validate import compare_or_float64, default_rule
 from .ops import KernelOp
 
 ENV = "METAL_ACCEL_SPOT_CHECK_EVERY"
@@ -156,7 +156,7 @@ def check(name: str, out: Any, eager: Callable[[], Any], reference64: Callable[[
 
 
 def _compare(name: str, out: Any, eager_out: Any, reference64: Callable[[], tuple | None]) -> None:
-    rule = PrecisionRule("compile") if config.current().precision == "compile" else FLOAT32_DEFAULT
+    rule = default_rule()
     ks, es = _pytree.tree_leaves(out), _pytree.tree_leaves(eager_out)
     if len(ks) != len(es):
         raise Mismatch(f"kernel {name} in production: {len(ks)} outputs, eager returns {len(es)}")
