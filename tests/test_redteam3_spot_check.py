@@ -73,18 +73,12 @@ def test_first_calls_are_always_checked(monkeypatch: pytest.MonkeyPatch) -> None
     assert dispatcher_of(m).failures
 
 
-def test_package_own_host_code_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(spot_check.ENV, "1")
-    m, host, x = _installed(safe=0, protect=False)  # reviewed host code: no eager call on its behalf
-    with torch.inference_mode():
-        for _ in range(5):
-            m(x)
-    assert host.n == 5 and not dispatcher_of(m).failures
-
-
-def test_zero_turns_checks_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(spot_check.ENV, "0")
-    m, host, x = _installed(safe=0)
+@pytest.mark.parametrize("every, protect", [("1", False), ("0", True)],
+                         ids=["package's own host code (reviewed)", "METAL_ACCEL_SPOT_CHECK_EVERY=0"])
+def test_no_check_runs_for_the_package_s_own_host_code_or_with_checks_off(
+        monkeypatch: pytest.MonkeyPatch, every: str, protect: bool) -> None:
+    monkeypatch.setenv(spot_check.ENV, every)
+    m, host, x = _installed(safe=0, protect=protect)  # a kernel wrong from its first call: no eager call catches it
     with torch.inference_mode():
         for _ in range(5):
             m(x)
